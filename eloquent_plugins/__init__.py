@@ -1,0 +1,24 @@
+"""eloquent-plugins: robust, fast LLM token streaming (keep-alive, resumable SSE, Eloquent over QUIC).
+
+The core is sans-I/O: ``EloquentSender``/``EloquentReceiver`` take events, datagrams and the time and return
+datagrams, events and deadlines. Transports, the simulator and the tests all drive these same machines.
+"""
+
+from .config import StreamConfig
+from .errors import (ConfigError, DecodeError, EloquentError, LimitExceeded, ProtocolError, ProtocolViolation,
+                     StreamClosed)
+from .events import EventKind, StreamEvent
+from .keepalive import KeepAlivePolicy, KeepAliveTimer
+from .limits import Limits
+from .receiver import EloquentReceiver, ReceiverConfig
+from .sender import EloquentSender, SenderConfig
+from .stall import StallReport, stall_metrics
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError", "DecodeError", "EloquentError", "EloquentReceiver", "EloquentSender", "EventKind",
+    "KeepAlivePolicy", "KeepAliveTimer", "LimitExceeded", "Limits", "ProtocolError", "ProtocolViolation",
+    "ReceiverConfig", "SenderConfig", "StallReport", "StreamClosed", "StreamConfig", "StreamEvent",
+    "stall_metrics", "__version__",
+]

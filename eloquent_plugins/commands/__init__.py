@@ -1,0 +1,1 @@
+"""Subcommands of the ``eloquent`` console script; each module exposes ``register(subparsers)``."""

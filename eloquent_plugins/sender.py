@@ -1,0 +1,289 @@
+"""Eloquent sender state machine (sans-I/O).
+
+Feed it engine events (``push``/``end``/``fail``), peer datagrams (``receive_datagram``) and the clock
+(``handle_timer``); pull datagrams with ``datagrams_to_send`` and sleep until ``next_deadline``. Every data
+packet carries the run from the oldest unacknowledged event to the newest, so any packet that arrives can be
+rendered on its own. Packets are built when the transport pulls them, never queued inside: a later packet
+supersedes an earlier one by construction.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .delta import make_delta
+from .errors import ProtocolViolation, StreamClosed
+from .events import EventKind, StreamEvent
+from .keepalive import KeepAlivePolicy, KeepAliveTimer
+from .limits import Limits
+from .rtt import RttEstimator
+from .wire import (AckPacket, DataPacket, Entry, KeepAlivePacket, data_header_size, decode_packet,
+                   encode_packet)
+
+_SENT_HISTORY = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SenderConfig:
+    limits: Limits = field(default_factory=Limits)
+    initial_rtt: float = 0.25
+    max_ack_delay: float = 0.005
+    """What the sender assumes the receiver may delay an ack by (the receiver default acks at once)."""
+    max_probe_interval: float = 1.0
+    """Cap on backed-off tail probes, so a stream resumes within this long after an outage ends."""
+    keepalive: KeepAlivePolicy = field(default_factory=lambda: KeepAlivePolicy(interval=15.0))
+    delta: bool = True
+    """Encode each event as a prefix/suffix delta against the one before it."""
+
+
+@dataclass(slots=True)
+class SenderStats:
+    data_packets: int = 0
+    probe_packets: int = 0
+    keepalive_packets: int = 0
+    bytes_sent: int = 0
+    acks_received: int = 0
+    events_resent: int = 0
+
+
+class EloquentSender:
+    """One stream's sending half. Not thread-safe; one transport drives it."""
+
+    def __init__(self, stream_id: int = 0, config: SenderConfig | None = None, *, now: float = 0.0) -> None:
+        self.stream_id = stream_id
+        self.config = config or SenderConfig()
+        self.rtt = RttEstimator(self.config.initial_rtt)
+        self.stats = SenderStats()
+        self._unacked: deque[StreamEvent] = deque()
+        self._deltas: dict[int, tuple[int, int, bytes]] = {}
+        self._base = 0
+        self._next_index = 0
+        self._reference: bytes | None = None
+        self._packet_number = 0
+        self._sent_times: dict[int, float] = {}
+        self._largest_acked_packet = -1
+        self._sent_upto = -1
+        self._last_flush_last_packet = -1
+        self._dirty = False
+        self._probe_due = False
+        self._pto_count = 0
+        self._last_data_send: float | None = None
+        self._keepalive = KeepAliveTimer(self.config.keepalive, now)
+        self._keepalive_due = False
+        self._final = False
+
+    # ---- engine side -------------------------------------------------------------------------------------
+    def push(self, payload: bytes, now: float, kind: EventKind = EventKind.DATA) -> StreamEvent:
+        """Append an event to the log; it goes out on the next ``datagrams_to_send``."""
+        if self._final:
+            raise StreamClosed(f"stream {self.stream_id} already ended; cannot push event {self._next_index}")
+        limit = self.config.limits.max_event_bytes
+        if len(payload) > limit:
+            raise ValueError(f"event of {len(payload)} bytes exceeds max_event_bytes={limit}")
+        event = StreamEvent(self._next_index, bytes(payload), kind)
+        if self.config.delta:
+            previous = self._unacked[-1].payload if self._unacked else self._reference
+            if previous is not None:
+                self._deltas[event.index] = make_delta(previous, event.payload)
+        self._unacked.append(event)
+        self._next_index += 1
+        self._dirty = True
+        if kind is not EventKind.DATA:
+            self._final = True
+        return event
+
+    def end(self, now: float, payload: bytes = b"") -> StreamEvent:
+        """Close the log with the final END event (``payload`` may carry the engine's own terminator)."""
+        return self.push(payload, now, EventKind.END)
+
+    def fail(self, payload: bytes, now: float) -> StreamEvent:
+        """Close the log with an in-band ERROR event carrying the engine's error in its own format."""
+        return self.push(payload, now, EventKind.ERROR)
+
+    # ---- peer side ---------------------------------------------------------------------------------------
+    def receive_datagram(self, data: bytes, now: float) -> None:
+        packet = decode_packet(data, self.config.limits)
+        if not isinstance(packet, AckPacket):
+            raise ProtocolViolation(f"a sender only accepts acks, got {type(packet).__name__}")
+        self.receive_ack(packet, now)
+
+    def receive_ack(self, ack: AckPacket, now: float) -> None:
+        if ack.stream_id != self.stream_id:
+            raise ProtocolViolation(f"ack for stream {ack.stream_id} delivered to stream {self.stream_id}")
+        if ack.next_expected > self._sent_upto + 1:
+            raise ProtocolViolation(
+                f"ack claims events up to {ack.next_expected - 1} but only {self._sent_upto + 1} were sent")
+        if ack.largest_packet_number >= self._packet_number:
+            raise ProtocolViolation(f"ack for packet {ack.largest_packet_number}, never sent")
+        self.stats.acks_received += 1
+        if ack.largest_packet_number > self._largest_acked_packet:
+            self._largest_acked_packet = ack.largest_packet_number
+            sent_at = self._sent_times.get(ack.largest_packet_number)
+            if sent_at is not None:
+                self.rtt.update(now - sent_at, ack.ack_delay)
+        if ack.next_expected > self._base:
+            while self._unacked and self._unacked[0].index < ack.next_expected:
+                event = self._unacked.popleft()
+                self._deltas.pop(event.index, None)
+                self._reference = event.payload
+            self._base = ack.next_expected
+            self._pto_count = 0
+            self._probe_due = False
+            if self._sent_upto + 1 < self._next_index:
+                self._dirty = True  # a flush was cut at max_run_datagrams: the window moved, send more
+        elif (self._unacked and ack.largest_packet_number == self._last_flush_last_packet
+              and not self._dirty):
+            # The receiver has our newest flush but still misses its start: part of a split run was lost.
+            self._probe_due = True
+
+    # ---- clock -------------------------------------------------------------------------------------------
+    def _probe_deadline(self) -> float | None:
+        if not self._unacked or self._last_data_send is None:
+            return None
+        pto = self.rtt.probe_timeout(self.config.max_ack_delay)
+        interval = min(pto * (2 ** self._pto_count), max(self.config.max_probe_interval, pto))
+        return self._last_data_send + interval
+
+    def next_deadline(self) -> float | None:
+        """When ``handle_timer`` next has work; None when nothing is scheduled."""
+        candidates = [d for d in (self._probe_deadline(), None if self.done else self._keepalive.deadline())
+                      if d is not None]
+        return min(candidates) if candidates else None
+
+    def handle_timer(self, now: float) -> None:
+        probe = self._probe_deadline()
+        if probe is not None and now >= probe:
+            self._probe_due = True
+        if not self.done and self._keepalive.due(now):
+            self._keepalive_due = True
+
+    # ---- output ------------------------------------------------------------------------------------------
+    def datagrams_to_send(self, now: float) -> list[bytes]:
+        """Datagrams due now: the current run (on new events or a probe) or a keep-alive during silence."""
+        self.handle_timer(now)
+        if (self._dirty or self._probe_due) and self._unacked:
+            probe = self._probe_due and not self._dirty
+            datagrams = self._build_run(now)
+            if probe:
+                self._pto_count += 1
+                self.stats.probe_packets += len(datagrams)
+            self._dirty = self._probe_due = self._keepalive_due = False
+            return datagrams
+        self._dirty = self._probe_due = False
+        if self._keepalive_due and not self.done:
+            self._keepalive_due = False
+            return [self._emit(encode_packet(KeepAlivePacket(self.stream_id, self._take_packet_number(now))),
+                               now)]
+        return []
+
+    def _take_packet_number(self, now: float) -> int:
+        number = self._packet_number
+        self._packet_number += 1
+        self._sent_times[number] = now
+        if len(self._sent_times) > _SENT_HISTORY:
+            del self._sent_times[next(iter(self._sent_times))]
+        return number
+
+    def _emit(self, datagram: bytes, now: float) -> bytes:
+        self.stats.bytes_sent += len(datagram)
+        self._keepalive.activity(now)
+        return datagram
+
+    def _entry(self, event: StreamEvent, reference: bytes | None, cached: bool) -> Entry:
+        raw = Entry(event.index, event.kind, event.payload)
+        if reference is None or not self.config.delta:
+            return raw
+        delta = self._deltas.get(event.index) if cached else None
+        if delta is None:
+            delta = make_delta(reference, event.payload)
+        prefix, suffix, middle = delta
+        entry = Entry(event.index, event.kind, middle, True, prefix, suffix)
+        return entry if entry.encoded_size() < raw.encoded_size() else raw
+
+    def _build_run(self, now: float) -> list[bytes]:
+        """Pack the unacked run oldest-first into at most ``max_run_datagrams`` self-contained datagrams."""
+        limits = self.config.limits
+        budget = limits.max_datagram_size
+        ref_index = self._base - 1 if self._reference is not None else None
+        datagrams: list[bytes] = []
+        entries: list[Entry] = []
+        size = 0
+        previous = b""
+        for event in self._unacked:
+            if len(datagrams) >= limits.max_run_datagrams:
+                break
+            if entries:
+                entry = self._entry(event, previous, cached=True)
+                if size + entry.encoded_size() > budget or len(entries) >= limits.max_entries_per_packet:
+                    datagrams.append(self._data_packet(ref_index, entries, now))
+                    entries = []
+                    if len(datagrams) >= limits.max_run_datagrams:
+                        break
+            if not entries:
+                # First entry of a datagram: its delta base is the last acked event, which the receiver holds.
+                size = data_header_size(self.stream_id, self._packet_number + 8, ref_index, event.index,
+                                        limits.max_entries_per_packet)
+                entry = self._entry(event, self._reference, cached=event.index == self._base)
+                if size + entry.encoded_size() > budget:
+                    datagrams.extend(self._fragments(event, now))
+                    self._note_sent(event.index)
+                    continue
+            entries.append(entry)
+            size += entry.encoded_size()
+            previous = event.payload
+            self._note_sent(event.index)
+        if entries:
+            datagrams.append(self._data_packet(ref_index, entries, now))
+        self._last_data_send = now
+        self._last_flush_last_packet = self._packet_number - 1
+        return datagrams
+
+    def _note_sent(self, index: int) -> None:
+        if index <= self._sent_upto:
+            self.stats.events_resent += 1
+        else:
+            self._sent_upto = index
+
+    def _data_packet(self, ref_index: int | None, entries: list[Entry], now: float) -> bytes:
+        number = self._take_packet_number(now)
+        self.stats.data_packets += 1
+        packet = DataPacket(self.stream_id, number, ref_index, entries[0].index, tuple(entries))
+        return self._emit(encode_packet(packet), now)
+
+    def _fragments(self, event: StreamEvent, now: float) -> list[bytes]:
+        """An event larger than one datagram goes as raw fragments, each alone in its packet."""
+        total = len(event.payload)
+        # Worst-case header: 8-byte varints for packet number, index, total and offset keep chunks stable.
+        overhead = 2 + 8 + 8 + 1 + 8 + 1 + 1 + 8 + 8 + 8
+        chunk = max(1, self.config.limits.max_datagram_size - overhead)
+        out: list[bytes] = []
+        for offset in range(0, total, chunk):
+            entry = Entry(event.index, event.kind, event.payload[offset : offset + chunk], frag_total=total,
+                          frag_offset=offset)
+            out.append(self._data_packet(None, [entry], now))
+        return out
+
+    # ---- state -------------------------------------------------------------------------------------------
+    @property
+    def next_index(self) -> int:
+        return self._next_index
+
+    @property
+    def acked(self) -> int:
+        """Events the receiver has confirmed (cumulative)."""
+        return self._base
+
+    @property
+    def unacked(self) -> int:
+        return len(self._unacked)
+
+    @property
+    def ended(self) -> bool:
+        """The final event was pushed."""
+        return self._final
+
+    @property
+    def done(self) -> bool:
+        """The final event was pushed and acknowledged: nothing more will ever be sent."""
+        return self._final and not self._unacked
