@@ -35,6 +35,15 @@ class SenderConfig:
     keepalive: KeepAlivePolicy = field(default_factory=lambda: KeepAlivePolicy(interval=15.0))
     delta: bool = True
     """Encode each event as a prefix/suffix delta against the one before it."""
+    carry_unacked: bool = True
+    """The Eloquent rule: every packet carries the whole unacked run. False sends only new events (tail
+    probes still resend the run): the packet-duplication baseline, driven by the same machine."""
+    copies: int = 1
+    """Send each datagram this many times (2 for the duplication baseline)."""
+
+    def __post_init__(self) -> None:
+        if self.copies < 1:
+            raise ValueError(f"copies must be >= 1, got {self.copies}")
 
 
 @dataclass(slots=True)
@@ -164,7 +173,10 @@ class EloquentSender:
         self.handle_timer(now)
         if (self._dirty or self._probe_due) and self._unacked:
             probe = self._probe_due and not self._dirty
-            datagrams = self._build_run(now)
+            datagrams = self._build_run(now, only_new=not (probe or self.config.carry_unacked))
+            if self.config.copies > 1:
+                datagrams = [d for d in datagrams for _ in range(self.config.copies)]
+                self.stats.bytes_sent += sum(map(len, datagrams)) * (self.config.copies - 1) // self.config.copies
             if probe:
                 self._pto_count += 1
                 self.stats.probe_packets += len(datagrams)
@@ -201,7 +213,7 @@ class EloquentSender:
         entry = Entry(event.index, event.kind, middle, True, prefix, suffix)
         return entry if entry.encoded_size() < raw.encoded_size() else raw
 
-    def _build_run(self, now: float) -> list[bytes]:
+    def _build_run(self, now: float, *, only_new: bool = False) -> list[bytes]:
         """Pack the unacked run oldest-first into at most ``max_run_datagrams`` self-contained datagrams."""
         limits = self.config.limits
         budget = limits.max_datagram_size
@@ -211,6 +223,8 @@ class EloquentSender:
         size = 0
         previous = b""
         for event in self._unacked:
+            if only_new and event.index <= self._sent_upto:
+                continue
             if len(datagrams) >= limits.max_run_datagrams:
                 break
             if entries:
@@ -225,7 +239,7 @@ class EloquentSender:
                 size = data_header_size(self.stream_id, self._packet_number + 8, ref_index, event.index,
                                         limits.max_entries_per_packet)
                 entry = self._entry(event, self._reference, cached=event.index == self._base)
-                if size + entry.encoded_size() > budget:
+                if size + entry.encoded_size() > budget:  # too big for any datagram: fragment it
                     datagrams.extend(self._fragments(event, now))
                     self._note_sent(event.index)
                     continue
