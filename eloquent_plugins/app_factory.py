@@ -1,0 +1,26 @@
+"""Build the served ASGI app: the built-in engine or a registered upstream gateway, wrapped by the middleware."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+from .config import StreamConfig
+from .plugins import upstream_kind
+from .upstream import parse_upstream
+
+
+def build_app(config: StreamConfig, pm: pluggy.PluginManager, *, upstream: str | None = None,
+              engine_options: dict[str, Any] | None = None) -> Any:
+    """The app ``eloquent serve`` hosts on both transports (SSE over HTTP/1.1, Eloquent over HTTP/3)."""
+    from .sse.middleware import EloquentMiddleware
+
+    if upstream:
+        kind, url = parse_upstream(upstream)
+        inner = upstream_kind(pm, kind).create_app(url, config)
+    else:
+        from .engine import EngineConfig, create_engine_app
+
+        inner = create_engine_app(EngineConfig(**(engine_options or {})))
+    return EloquentMiddleware(inner, config, plugin_manager=pm)

@@ -1,0 +1,63 @@
+"""``eloquent serve``: SSE (HTTP/1.1, uvicorn) and, with ``--stream-transport eloquent``, HTTP/3 on UDP."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from ..plugins import create_plugin_manager
+from .common import add_all, stream_config
+
+log = logging.getLogger("eloquent.serve")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("serve", help="serve the built-in engine or front an upstream model server")
+    add_all(parser)
+    parser.add_argument("--eloquent-port", type=int, default=None, metavar="UDP_PORT",
+                        help="UDP port of the HTTP/3 front end (default: same number as --port)")
+    parser.add_argument("--certfile", default=None, help="TLS certificate for HTTP/3 (default: a development "
+                        "certificate generated on first use)")
+    parser.add_argument("--keyfile", default=None, help="TLS private key for HTTP/3")
+    parser.add_argument("--resume-store", default=None, metavar="URL",
+                        help="memory:// (default) or redis://host:port/db to share resumable streams across replicas")
+    parser.add_argument("--no-resume", action="store_true", help="turn off event ids and resume")
+    parser.add_argument("--tpot", type=float, default=0.03, help="built-in engine: seconds per output token")
+    parser.add_argument("--ttft", type=float, default=0.2, help="built-in engine: seconds before the first token")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides: dict[str, object] = {"eloquent_port": args.eloquent_port, "certfile": args.certfile,
+                                    "keyfile": args.keyfile, "resume_store": args.resume_store}
+    if args.no_resume:
+        overrides["resume"] = False
+    config = stream_config(args, **overrides)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return asyncio.run(serve(args, config))
+
+
+async def serve(args: argparse.Namespace, config) -> int:  # type: ignore[no-untyped-def]
+    import uvicorn
+
+    from ..app_factory import build_app
+
+    pm = create_plugin_manager()
+    app = build_app(config, pm, upstream=args.upstream, engine_options={"tpot": args.tpot, "ttft": args.ttft})
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           lifespan="auto", timeout_graceful_shutdown=5))
+    h3 = None
+    if config.stream_transport == "eloquent":
+        from ..quic.server import start_http3_server
+
+        udp_port = config.eloquent_port if config.eloquent_port is not None else args.port
+        h3 = await start_http3_server(app, host=args.host, port=udp_port, config=config, plugin_manager=pm)
+        log.info("HTTP/3 (Eloquent datagrams) on udp://%s:%s", args.host, h3.port)
+    try:
+        await server.serve()
+    finally:
+        if h3 is not None:
+            await h3.close()
+    return 0
