@@ -61,20 +61,20 @@ def eloquent_stream_error(stream: StreamInfo, error: BaseException) -> None:
 
 
 @hookspec
-def eloquent_register_codecs() -> list[Codec]:
+def eloquent_register_codecs() -> list[Codec]:  # type: ignore[empty-body]
     """Codecs for engine event formats (OpenAI, TGI, Triton, ...)."""
 
 
 @hookspec
-def eloquent_register_upstreams() -> list[UpstreamKind]:
+def eloquent_register_upstreams() -> list[UpstreamKind]:  # type: ignore[empty-body]
     """Upstream kinds for ``--upstream KIND=URL``."""
 
 
 @hookspec
-def eloquent_register_resume_stores() -> list[Any]:
+def eloquent_register_resume_stores() -> list[Any]:  # type: ignore[empty-body]
     """Resume store factories: objects with ``scheme`` (URL scheme) and ``create(url, config)``."""
 
 
 @hookspec
-def eloquent_register_transports() -> list[Any]:
+def eloquent_register_transports() -> list[Any]:  # type: ignore[empty-body]
     """Transports: objects with ``name`` and ``start(app, config)`` returning an async-closable handle."""

@@ -44,7 +44,7 @@ class KeepAlivePolicy:
 class KeepAliveTimer:
     """Sans-I/O idle timer: tell it when bytes went out, ask it when the next keep-alive is due."""
 
-    __slots__ = ("policy", "_last_activity")
+    __slots__ = ("_last_activity", "policy")
 
     def __init__(self, policy: KeepAlivePolicy, now: float) -> None:
         self.policy = policy

@@ -58,7 +58,7 @@ def upstream_kind(pm: pluggy.PluginManager, name: str) -> UpstreamKind:
 class StreamHooks:
     """Calls the per-stream hooks for one stream; nearly free when no plugin implements them."""
 
-    __slots__ = ("_hook", "stream", "_observe", "_transforms", "_lifecycle")
+    __slots__ = ("_hook", "_lifecycle", "_observe", "_transforms", "stream")
 
     def __init__(self, pm: pluggy.PluginManager | None, stream: StreamInfo) -> None:
         self.stream = stream

@@ -106,9 +106,8 @@ class EloquentReceiver:
             index = entry.index
             if self._final_index is not None and index > self._final_index:
                 raise ProtocolViolation(f"event {index} after the final event {self._final_index}")
-            if entry.kind is not EventKind.DATA:
-                if self._final_index is not None and self._final_index != index:
-                    raise ProtocolViolation(f"second final event at {index} (first at {self._final_index})")
+            if entry.kind is not EventKind.DATA and self._final_index not in (None, index):
+                raise ProtocolViolation(f"second final event at {index} (first at {self._final_index})")
             if index - self._next > limits.max_index_gap:
                 raise LimitExceeded(f"event {index} is {index - self._next} past the next expected "
                                     f"(max_index_gap={limits.max_index_gap})")
@@ -159,7 +158,7 @@ class EloquentReceiver:
         if frags is None:
             if sum(f.total for f in self._fragments.values()) + total + self._buffered_bytes > \
                     self.config.limits.max_buffered_bytes:
-                raise LimitExceeded(f"fragmented events above max_buffered_bytes")
+                raise LimitExceeded("fragmented events above max_buffered_bytes")
             frags = self._fragments[index] = _Fragments(total, kind, bytearray(total))
         elif frags.total != total or frags.kind is not kind:
             raise ProtocolViolation(f"event {index}: fragments disagree on size or kind")

@@ -18,10 +18,11 @@ from .events import EventKind, StreamEvent
 from .keepalive import KeepAlivePolicy, KeepAliveTimer
 from .limits import Limits
 from .rtt import RttEstimator
-from .wire import (AckPacket, DataPacket, Entry, KeepAlivePacket, data_header_size, decode_packet,
-                   encode_packet)
+from .wire import AckPacket, DataPacket, Entry, KeepAlivePacket, data_header_size, decode_packet, encode_packet
 
 _SENT_HISTORY = 1024
+_PACKET_THRESHOLD = 3
+"""Duplication mode: a packet is lost once an ack covers a packet this many numbers newer (QUIC's kPacketThreshold)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,8 @@ class EloquentSender:
         self._keepalive = KeepAliveTimer(self.config.keepalive, now)
         self._keepalive_due = False
         self._final = False
+        self._carried_in: dict[int, int] = {}
+        """Duplication mode only: event index -> number of the last packet that carried it."""
 
     # ---- engine side -------------------------------------------------------------------------------------
     def push(self, payload: bytes, now: float, kind: EventKind = EventKind.DATA) -> StreamEvent:
@@ -135,6 +138,7 @@ class EloquentSender:
             while self._unacked and self._unacked[0].index < ack.next_expected:
                 event = self._unacked.popleft()
                 self._deltas.pop(event.index, None)
+                self._carried_in.pop(event.index, None)
                 self._reference = event.payload
             self._base = ack.next_expected
             self._pto_count = 0
@@ -145,6 +149,13 @@ class EloquentSender:
               and not self._dirty):
             # The receiver has our newest flush but still misses its start: part of a split run was lost.
             self._probe_due = True
+        if not self.config.carry_unacked and self._unacked:
+            # Packets carry only new events here, so a lost one is never repaired by the next: once an ack
+            # covers a packet _PACKET_THRESHOLD newer than the last one carrying the oldest unacked event,
+            # that event's packet is lost and the run is resent from it (as a retransmission would).
+            carried = self._carried_in.get(self._unacked[0].index)
+            if carried is not None and ack.largest_packet_number >= carried + _PACKET_THRESHOLD:
+                self._probe_due = True
 
     # ---- clock -------------------------------------------------------------------------------------------
     def _probe_deadline(self) -> float | None:
@@ -173,7 +184,7 @@ class EloquentSender:
         self.handle_timer(now)
         if (self._dirty or self._probe_due) and self._unacked:
             probe = self._probe_due and not self._dirty
-            datagrams = self._build_run(now, only_new=not (probe or self.config.carry_unacked))
+            datagrams = self._build_run(now, only_new=not (self._probe_due or self.config.carry_unacked))
             if self.config.copies > 1:
                 datagrams = [d for d in datagrams for _ in range(self.config.copies)]
                 self.stats.bytes_sent += sum(map(len, datagrams)) * (self.config.copies - 1) // self.config.copies
@@ -242,11 +253,15 @@ class EloquentSender:
                 if size + entry.encoded_size() > budget:  # too big for any datagram: fragment it
                     datagrams.extend(self._fragments(event, now))
                     self._note_sent(event.index)
+                    if not self.config.carry_unacked:
+                        self._carried_in[event.index] = self._packet_number - 1
                     continue
             entries.append(entry)
             size += entry.encoded_size()
             previous = event.payload
             self._note_sent(event.index)
+            if not self.config.carry_unacked:
+                self._carried_in[event.index] = self._packet_number  # the number the pending packet will take
         if entries:
             datagrams.append(self._data_packet(ref_index, entries, now))
         self._last_data_send = now

@@ -106,9 +106,8 @@ class SSEParser:
         elif name == "id":
             if "\x00" not in value:
                 self.last_event_id = value
-        elif name == "retry":
-            if value.isdigit():
-                self.retry = self._retry_this = int(value)
+        elif name == "retry" and value.isdigit():
+            self.retry = self._retry_this = int(value)
         return None
 
     def _dispatch(self, raw: bytes) -> SSEMessage | None:
