@@ -15,6 +15,11 @@ from .limits import Limits
 from .wire import AckPacket, DataPacket, KeepAlivePacket, Packet, decode_packet, encode_packet
 
 
+REFERENCE_SLACK = 256
+"""Events kept below the newest delta base seen: a packet delayed behind up to this many newer acks still
+decodes."""
+
+
 @dataclass(frozen=True, slots=True)
 class ReceiverConfig:
     limits: Limits = field(default_factory=Limits)
@@ -180,8 +185,9 @@ class EloquentReceiver:
         return out
 
     def _prune_references(self) -> None:
-        """Keep only events a future packet may use as its delta base: from the sender's base to the newest."""
-        floor = max(self._reference_floor, self._next - 1 - self.config.limits.max_index_gap)
+        """Keep the events a future packet may use as its delta base: from the sender's newest base (less a
+        slack for packets reordered behind newer ones) to the newest delivered."""
+        floor = max(self._reference_floor - REFERENCE_SLACK, self._next - 1 - self.config.limits.max_index_gap)
         if len(self._references) > 1:
             for index in [i for i in self._references if i < floor]:
                 del self._references[index]
