@@ -1,0 +1,208 @@
+"""One stream of one scenario under every scheme, on the same token timeline and the same path sample.
+
+Each scheme gets fresh ``SlottedPath`` models built from the same seeds and the same slots (the oracle's send
+instants), so whichever scheme sends the first packet of a slot meets the same fate and delay there (common random
+numbers), and every scheme streams the same generated tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from ..netem import PathConfig, SlottedPath, Trace
+from .clock import EventLoop, SimulationError
+from .eloquent import EloquentEndpoints
+from .scenario import Scenario
+from .tcp import TcpConfig, TcpReceiver, TcpSender
+from .timeline import Timeline, TokenModel, generate_timeline
+from .wire import QUIC_DATAGRAM_HEADER, TCP_HEADER, SimWire
+
+SCHEMES = ("retransmission", "duplication", "eloquent", "oracle")
+RACK_TLP = "retransmission-rack-tlp"
+"""Sensitivity variant, not one of the issue's schemes: the TCP baseline with Linux's RACK-TLP loss recovery."""
+ELOQUENT_X2 = "eloquent-x2"
+"""Sensitivity variant: the real Eloquent sender's datagrams each sent twice back to back by the driver."""
+ALL_SCHEMES = (*SCHEMES[:1], RACK_TLP, *SCHEMES[1:3], ELOQUENT_X2, SCHEMES[3])
+_TIME_GUARD = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRun:
+    scheme: str
+    generated: tuple[float, ...]
+    rendered: tuple[float, ...]
+    min_delay: float
+    bytes_sent: int
+    """Both directions, headers included; 0 for the oracle (it is a bound, not a protocol)."""
+    packets_sent: int
+    details: dict[str, float] = field(default_factory=dict)
+    """Scheme internals worth checking (TCP timeouts and RTO, Eloquent probes), not used by the metrics."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSeeds:
+    timeline: int
+    forward: int
+    reverse: int
+
+    @classmethod
+    def derive(cls, seed: int, stream: int) -> StreamSeeds:
+        rng = random.Random(f"eloquent-sim/{seed}/{stream}")
+        return cls(rng.getrandbits(63), rng.getrandbits(63), rng.getrandbits(63))
+
+
+class _Renders:
+    def __init__(self, n: int) -> None:
+        self.times = [math.nan] * n
+
+    def __call__(self, index: int, now: float) -> None:
+        if index < len(self.times) and math.isnan(self.times[index]):
+            self.times[index] = now
+
+    def result(self, scheme: str) -> tuple[float, ...]:
+        if any(math.isnan(t) for t in self.times):
+            missing = sum(1 for t in self.times if math.isnan(t))
+            raise SimulationError(f"{scheme}: {missing} tokens never rendered")
+        return tuple(self.times)
+
+
+def _initial_rtt(scenario: Scenario) -> float:
+    """What the handshake measured: base RTT plus the mean jitter of both directions."""
+    return max(scenario.rtt_ms + 2 * scenario.jitter_ms, 1.0) / 1000
+
+
+def _payload_sizes(timeline: Timeline) -> list[int]:
+    sizes = [len(p) for p in timeline.payloads]
+    sizes[-1] += len(timeline.end_payload)
+    return sizes
+
+
+def oracle_sends(timeline: Timeline) -> tuple[list[tuple[float, int]], float]:
+    """Send instants of the oracle (each token's generation, then one per mean token interval through longer
+    silences) with the newest token each can carry; also the step used after the last token."""
+    step = max(timeline.mean_gap, 1e-3)
+    sends: list[tuple[float, int]] = []
+    times = timeline.times
+    for index, when in enumerate(times):
+        sends.append((when, index))
+        if index + 1 < len(times):
+            filler = when + step
+            while filler < times[index + 1] - step / 2:
+                sends.append((filler, index))
+                filler += step
+    return sends, step
+
+
+def _paths(path: PathConfig, timeline: Timeline, seeds: StreamSeeds) -> tuple[SlottedPath, SlottedPath]:
+    sends, step = oracle_sends(timeline)
+    slots = [when for when, _ in sends]
+    return (SlottedPath(path, seeds.forward, slots, step),
+            SlottedPath(path, seeds.reverse, [when + path.delay for when in slots], step))
+
+
+def run_tcp(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, trace: Trace | None, copies: int,
+            scheme: str, rack_tlp: bool = False) -> StreamRun:
+    config = TcpConfig(copies=copies, rack_tlp=rack_tlp)
+    path = scenario.path_config(trace)
+    loop = EventLoop()
+    renders = _Renders(len(timeline.times))
+    receiver = TcpReceiver(loop, config, lambda ack: reverse.send(ack, 0, ack.option_bytes), renders)
+    sender = TcpSender(loop, config, _initial_rtt(scenario), lambda seg: forward.send(seg, seg.size))
+    forward_path, reverse_path = _paths(path, timeline, seeds)
+    forward = SimWire(loop, forward_path, TCP_HEADER, receiver.on_segment)
+    reverse = SimWire(loop, reverse_path, TCP_HEADER, sender.on_ack)
+    for index, (when, size) in enumerate(zip(timeline.times, _payload_sizes(timeline))):
+        loop.at(when, sender.write, index, size)
+    loop.run(timeline.times[-1] + _TIME_GUARD)
+    stats = sender.stats
+    details = {"timeouts": stats.timeouts, "fast_retransmits": stats.fast_retransmits,
+               "loss_probes": stats.loss_probes,
+               "retransmissions": stats.retransmissions, "segments": stats.segments,
+               "first_rto": stats.rto_history[0] if stats.rto_history else 0.0}
+    return StreamRun(scheme, timeline.times, renders.result(scheme), path.min_delay,
+                     forward.stats.bytes + reverse.stats.bytes, forward.stats.packets + reverse.stats.packets,
+                     details)
+
+
+def run_eloquent(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, trace: Trace | None,
+                 copies: int = 1, scheme: str = "eloquent") -> StreamRun:
+    path = scenario.path_config(trace)
+    loop = EventLoop()
+    renders = _Renders(len(timeline.times))
+    ends = EloquentEndpoints(loop, _initial_rtt(scenario), lambda d: forward.send(d, len(d)),
+                             lambda a: reverse.send(a, len(a)), renders, copies=copies)
+    forward_path, reverse_path = _paths(path, timeline, seeds)
+    forward = SimWire(loop, forward_path, QUIC_DATAGRAM_HEADER, ends.on_data)
+    reverse = SimWire(loop, reverse_path, QUIC_DATAGRAM_HEADER, ends.on_ack)
+    last = len(timeline.times) - 1
+    for index, (when, payload) in enumerate(zip(timeline.times, timeline.payloads)):
+        loop.at(when, ends.push, payload, timeline.end_payload if index == last else None)
+    loop.run(timeline.times[-1] + _TIME_GUARD)
+    if not ends.sender.done:
+        raise SimulationError(f"{scheme}: the sender never saw its final event acknowledged")
+    stats = ends.sender.stats
+    details = {"data_packets": stats.data_packets, "probe_packets": stats.probe_packets,
+               "events_resent": stats.events_resent, "acks": ends.receiver.stats.acks_sent}
+    return StreamRun(scheme, timeline.times, renders.result(scheme), path.min_delay,
+                     forward.stats.bytes + reverse.stats.bytes, forward.stats.packets + reverse.stats.packets,
+                     details)
+
+
+def run_oracle(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, trace: Trace | None) -> StreamRun:
+    """The bound for schemes that send at most one packet per slot: the first packet of every slot (each token's
+    generation, one per mean token interval through longer silences and after the end, until one gets through),
+    on the same forward path. Token i renders at the first arrival of any such packet sent at or after its
+    generation, as if every packet carried every token so far."""
+    path = scenario.path_config(trace)
+    model, _ = _paths(path, timeline, seeds)
+    sends, step = oracle_sends(timeline)
+    times = timeline.times
+    # The smallest packet any scheme puts on the wire (a QUIC datagram's headers), so a bandwidth limit never
+    # delays the bound more than the schemes it bounds.
+    size = QUIC_DATAGRAM_HEADER
+    arrivals = [(model.transmit(when, size), newest) for when, newest in sends]
+    when = times[-1]
+    while arrivals[-1][0] is None or arrivals[-1][1] < len(times) - 1:
+        when += step
+        if when - times[-1] > _TIME_GUARD:
+            raise SimulationError("oracle: no packet got through after the last token")
+        arrivals.append((model.transmit(when, size), len(times) - 1))
+    rendered = [math.inf] * len(times)
+    best = math.inf
+    pos = len(times) - 1
+    for arrival, newest in reversed(arrivals):
+        while pos > newest:
+            rendered[pos] = best
+            pos -= 1
+        if arrival is not None:
+            best = min(best, arrival)
+    while pos >= 0:
+        rendered[pos] = best
+        pos -= 1
+    return StreamRun("oracle", timeline.times, tuple(rendered), path.min_delay, 0, 0)
+
+
+def simulate_stream(scenario: Scenario, seed: int, stream: int, trace: Trace | None = None,
+                    schemes: tuple[str, ...] = SCHEMES) -> dict[str, StreamRun]:
+    seeds = StreamSeeds.derive(seed, stream)
+    model = TokenModel(tokens=scenario.tokens, tpot=scenario.tpot_ms / 1000)
+    timeline = generate_timeline(model, random.Random(seeds.timeline))
+    out: dict[str, StreamRun] = {}
+    for scheme in schemes:
+        if scheme == "retransmission":
+            out[scheme] = run_tcp(scenario, timeline, seeds, trace, 1, scheme)
+        elif scheme == RACK_TLP:
+            out[scheme] = run_tcp(scenario, timeline, seeds, trace, 1, scheme, rack_tlp=True)
+        elif scheme == "duplication":
+            out[scheme] = run_tcp(scenario, timeline, seeds, trace, scenario.copies, scheme)
+        elif scheme == "eloquent":
+            out[scheme] = run_eloquent(scenario, timeline, seeds, trace)
+        elif scheme == ELOQUENT_X2:
+            out[scheme] = run_eloquent(scenario, timeline, seeds, trace, copies=2, scheme=scheme)
+        elif scheme == "oracle":
+            out[scheme] = run_oracle(scenario, timeline, seeds, trace)
+        else:
+            raise ValueError(f"unknown scheme {scheme!r}")
+    return out

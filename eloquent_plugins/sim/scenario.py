@@ -1,0 +1,106 @@
+"""Network conditions of one simulated scenario, and the ``--scenario "loss=0.1,burst=3,rtt=100"`` syntax."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+from ..errors import ConfigError
+from ..netem import GilbertElliott, PathConfig, Trace, load_trace
+
+_KEYS = {
+    "loss": "loss", "burst": "burst", "rtt": "rtt_ms", "jitter": "jitter_ms", "tpot": "tpot_ms",
+    "bw": "bandwidth_kbps", "tokens": "tokens", "streams": "streams", "trace": "trace", "k": "copies",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    loss: float = 0.05
+    """Long-run loss rate, each direction."""
+    burst: float = 1.0
+    """Mean loss-burst length in packets."""
+    rtt_ms: float = 100.0
+    """Base round-trip time: each direction gets half as its one-way delay."""
+    jitter_ms: float = 0.0
+    tpot_ms: float = 30.0
+    bandwidth_kbps: float | None = None
+    tokens: int = 300
+    streams: int = 4
+    trace: str | None = None
+    """Trace file applied to both directions (see ``eloquent_plugins.netem.trace``)."""
+    copies: int = 2
+    """k of the duplication baseline."""
+
+    def __post_init__(self) -> None:
+        GilbertElliott(self.loss, self.burst)
+        for name in ("rtt_ms", "jitter_ms"):
+            if not math.isfinite(getattr(self, name)) or getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.tpot_ms > 0:
+            raise ConfigError(f"tpot must be > 0 ms, got {self.tpot_ms}")
+        if self.bandwidth_kbps is not None and not self.bandwidth_kbps > 0:
+            raise ConfigError(f"bw must be > 0 kbit/s, got {self.bandwidth_kbps}")
+        if self.tokens < 1 or self.streams < 1 or self.copies < 1:
+            raise ConfigError("tokens, streams and k must be >= 1")
+
+    @property
+    def label(self) -> str:
+        parts = [f"loss={self.loss:g}", f"burst={self.burst:g}", f"rtt={self.rtt_ms:g}"]
+        if self.jitter_ms:
+            parts.append(f"jitter={self.jitter_ms:g}")
+        if self.tpot_ms != 30.0:
+            parts.append(f"tpot={self.tpot_ms:g}")
+        if self.bandwidth_kbps is not None:
+            parts.append(f"bw={self.bandwidth_kbps:g}")
+        if self.trace:
+            parts.append(f"trace={self.trace}")
+        return ",".join(parts)
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    def path_config(self, trace: Trace | None = None) -> PathConfig:
+        return PathConfig(delay=self.rtt_ms / 2000, jitter=self.jitter_ms / 1000, loss=self.loss, burst=self.burst,
+                          bandwidth=None if self.bandwidth_kbps is None else self.bandwidth_kbps * 1000,
+                          trace=trace)
+
+    def load_trace(self) -> Trace | None:
+        return load_trace(self.trace) if self.trace else None
+
+
+def parse_scenario(spec: str, base: Scenario | None = None) -> Scenario:
+    """``key=value`` pairs separated by commas; keys: loss, burst, rtt (ms), jitter (ms), tpot (ms), bw (kbit/s),
+    tokens, streams, trace (file), k (duplication copies). Unnamed keys keep ``base``'s values."""
+    values: dict[str, object] = {}
+    types = {f.name: f.type for f in fields(Scenario)}
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, raw = item.partition("=")
+        key, raw = key.strip().lower(), raw.strip()
+        if not sep or not raw:
+            raise ConfigError(f"scenario items must be key=value, got {item!r} in {spec!r}")
+        if key not in _KEYS:
+            raise ConfigError(f"unknown scenario key {key!r} in {spec!r} (known: {', '.join(_KEYS)})")
+        name = _KEYS[key]
+        if name == "trace":
+            values[name] = raw
+            continue
+        try:
+            number = float(raw)
+        except ValueError:
+            raise ConfigError(f"scenario {key} must be a number, got {raw!r}") from None
+        if not math.isfinite(number):
+            raise ConfigError(f"scenario {key} must be finite, got {raw!r}")
+        if "int" in str(types[name]):
+            if number != int(number):
+                raise ConfigError(f"scenario {key} must be a whole number, got {raw!r}")
+            number = int(number)
+        values[name] = number
+    if not values:
+        raise ConfigError(f"empty scenario {spec!r}")
+    base = base or Scenario()
+    merged = {**base.as_dict(), **values}
+    return Scenario(**merged)  # type: ignore[arg-type]
