@@ -14,8 +14,14 @@ from .errors import ConfigError
 
 KeepAliveFrame = Literal["comment", "newline"]
 
-SSE_COMMENT_FRAME = b": keep-alive\n\n"
+SSE_COMMENT_FRAME = b": keep-alive\n"
+"""One comment line and no blank line after it: httpx-sse and the openai SDK (which copies its decoder) keep the
+last event id across events and dispatch an event on any blank line once an id was seen, so ``: keep-alive\n\n``
+after an event with an ``id:`` reaches them as an empty event (the openai SDK then fails on ``json.loads("")``).
+A lone comment line carries bytes for the proxy and dispatches nothing in any parser."""
 SSE_NEWLINE_FRAME = b"\n"
+"""A bare newline, for clients that cannot take comments; do not combine it with event ids for the clients
+above (it is the blank line they dispatch on)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ def test_keepalive_is_idle_based() -> None:
 
 
 def test_keepalive_frames_and_validation() -> None:
-    assert KeepAlivePolicy().sse_frame == b": keep-alive\n\n"
+    assert KeepAlivePolicy().sse_frame == b": keep-alive\n"  # one line: see keepalive.SSE_COMMENT_FRAME
     assert KeepAlivePolicy(frame="newline").sse_frame == b"\n"
     with pytest.raises(ConfigError):
         KeepAlivePolicy(-1)

@@ -55,17 +55,28 @@ class SSEParser:
         out: list[SSEMessage] = []
         pos = 0
         n = len(buf)
+        # Next LF / CR at or after pos (n: none), searched again only once pos passes them, so a chunk of many
+        # short lines is parsed in linear time (searching both from every line start was quadratic).
+        lf = cr = -1
         while pos < n:
             if self._pending_cr:
                 self._pending_cr = False
                 if buf[pos] == 0x0A:  # the LF of a CRLF split across feeds
+                    if self._raw:  # mid-message: keep raw byte-exact (a dispatched message already ended at CR)
+                        self._raw += b"\n"
                     pos += 1
                     continue
-            lf = buf.find(b"\n", pos)
-            cr = buf.find(b"\r", pos)
-            if lf < 0 and cr < 0:
+            if lf < pos:
+                lf = buf.find(b"\n", pos)
+                if lf < 0:
+                    lf = n
+            if cr < pos:
+                cr = buf.find(b"\r", pos)
+                if cr < 0:
+                    cr = n
+            if lf == cr:  # == n: no terminator left
                 break
-            if cr < 0 or (0 <= lf < cr):
+            if lf < cr:
                 end, nxt = lf, lf + 1
             else:
                 end = cr

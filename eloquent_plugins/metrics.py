@@ -1,0 +1,115 @@
+"""Prometheus metrics of the SSE path, cheap enough to update on every event.
+
+Per-event figures are plain integer/float attributes and a bisect into fixed buckets; prometheus_client only
+reads them at scrape time through a custom collector. Each middleware owns its ``CollectorRegistry`` unless it is
+given the host app's (no global mutable state by default).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+GAP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0, 60.0)
+
+
+class Histogram:
+    """A lock-free histogram for one event loop: ``observe`` is a bisect and two additions."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
+        buckets: list[tuple[str, float]] = []
+        running = 0
+        for bound, count in zip(self.bounds, self.counts, strict=False):
+            running += count
+            buckets.append((repr(float(bound)), running))
+        running += self.counts[-1]
+        buckets.append(("+Inf", running))
+        return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=self.sum)
+
+
+class StreamMetrics:
+    """Counters and histograms for one middleware; ``render()`` gives the Prometheus text exposition."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, *, prefix: str = "eloquent_sse") -> None:
+        self.prefix = prefix
+        self.ttft = Histogram(LATENCY_BUCKETS)
+        self.tpot = Histogram(LATENCY_BUCKETS)
+        self.gap = Histogram(GAP_BUCKETS)
+        self.streams_started = 0
+        self.streams_ended: dict[str, int] = {}
+        self.active_streams = 0
+        self.active_connections = 0
+        self.events = 0
+        self.events_merged = 0
+        self.bytes_sent = 0
+        self.writes = 0
+        self.keepalives = 0
+        self.resumes: dict[str, int] = {}
+        self.aborts = 0
+        self.errors = 0
+        self.send_timeouts = 0
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.registry.register(self)
+
+    def resume(self, outcome: str) -> None:
+        self.resumes[outcome] = self.resumes.get(outcome, 0) + 1
+
+    def ended(self, reason: str) -> None:
+        self.streams_ended[reason] = self.streams_ended.get(reason, 0) + 1
+
+    def describe(self) -> Iterator[Metric]:
+        return self.collect()
+
+    def collect(self) -> Iterator[Metric]:
+        p = self.prefix
+        yield self.ttft.family(f"{p}_time_to_first_token_seconds", "Request start to the first event of a stream.")
+        yield self.tpot.family(f"{p}_time_per_output_token_seconds", "Mean gap between events of one stream.")
+        yield self.gap.family(f"{p}_inter_event_gap_seconds", "Time between consecutive events from the engine.")
+        started = CounterMetricFamily(f"{p}_streams_started", "SSE streams started.")
+        started.add_metric([], self.streams_started)
+        yield started
+        ended = CounterMetricFamily(f"{p}_streams_ended", "SSE streams ended, by reason.", labels=["reason"])
+        for reason, count in sorted(self.streams_ended.items()):
+            ended.add_metric([reason], count)
+        yield ended
+        for name, doc, value in (
+            ("events", "Events that entered stream logs.", self.events),
+            ("events_merged", "Events merged into a neighbour (merge_deltas).", self.events_merged),
+            ("bytes_sent", "Body bytes written to clients, keep-alives included.", self.bytes_sent),
+            ("writes", "Body writes to clients (coalescing makes this lower than events).", self.writes),
+            ("keepalives_sent", "Keep-alive frames sent on idle streams.", self.keepalives),
+            ("engine_aborts", "Engine requests aborted because their client left and did not resume.", self.aborts),
+            ("engine_errors", "Engine failures after the response started (sent as in-band errors).", self.errors),
+            ("send_timeouts", "Connections cut because the client accepted no bytes for send_timeout.",
+             self.send_timeouts),
+        ):
+            family = CounterMetricFamily(f"{p}_{name}", doc)
+            family.add_metric([], value)
+            yield family
+        resumes = CounterMetricFamily(f"{p}_resumes", "Resume requests, by outcome.", labels=["outcome"])
+        for outcome, count in sorted(self.resumes.items()):
+            resumes.add_metric([outcome], count)
+        yield resumes
+        yield GaugeMetricFamily(f"{p}_active_streams", "Streams whose engine request is running here.",
+                                value=self.active_streams)
+        yield GaugeMetricFamily(f"{p}_active_connections", "Client connections being served.",
+                                value=self.active_connections)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,195 @@
+"""Real servers for tests, each on a free 127.0.0.1 port: uvicorn apps (in a thread), redis-server, nginx.
+
+Every helper is a context manager that starts the server, waits until it answers, and stops it on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen[Any] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with status {proc.returncode} before listening on {port}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+
+
+class UvicornThread:
+    """An ASGI app served by a real uvicorn in a background thread (its own event loop)."""
+
+    def __init__(self, app: Any, *, port: int | None = None, **config: Any) -> None:
+        self.app = app
+        self.port = port or free_port()
+        config.setdefault("log_level", "warning")
+        config.setdefault("lifespan", "off")
+        config.setdefault("ws", "none")
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, **config))
+        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._thread = threading.Thread(target=self.server.run, name=f"uvicorn-{self.port}", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> UvicornThread:
+        self._thread.start()
+        deadline = time.monotonic() + 15
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self._thread.join(10)
+        if self._thread.is_alive():
+            self.server.force_exit = True
+            self._thread.join(5)
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[str]:
+    """A throwaway redis-server (Debian package ``redis-server``); yields its ``redis://`` URL."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise RuntimeError("redis-server is not installed (apt-get install -y redis-server)")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="eloquent-redis-") as tmp:
+        proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                                 "--dir", tmp, "--protected-mode", "no"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        try:
+            wait_for_port(port, proc=proc)
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+NGINX_CONF = """
+worker_processes 1;
+daemon off;
+user {user};
+error_log {tmp}/error.log warn;
+pid {tmp}/nginx.pid;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {tmp}/client_body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://127.0.0.1:{upstream};
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            {extra}
+        }}
+    }}
+}}
+"""
+
+
+@contextlib.contextmanager
+def nginx(upstream_port: int, extra: str = "") -> Iterator[str]:
+    """Debian's nginx as a reverse proxy in front of ``upstream_port``; ``extra`` goes into the location block.
+    Yields the proxy's base URL."""
+    exe = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not os.path.exists(exe):
+        raise RuntimeError("nginx is not installed (apt-get install -y nginx)")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="eloquent-nginx-") as tmp:
+        user = "root" if os.geteuid() == 0 else os.environ.get("USER", "nobody")
+        conf = Path(tmp, "nginx.conf")
+        conf.write_text(NGINX_CONF.format(user=user, tmp=tmp, port=port, upstream=upstream_port, extra=extra))
+        proc = subprocess.Popen([exe, "-c", str(conf), "-p", tmp, "-e", f"{tmp}/error.log"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        try:
+            wait_for_port(port, proc=proc)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+class UvicornProcess:
+    """An app served by ``python -m uvicorn`` in its own process (``target`` is ``module:attribute``)."""
+
+    def __init__(self, target: str, *, env: dict[str, str] | None = None, factory: bool = False,
+                 cwd: str | None = None) -> None:
+        self.port = free_port()
+        args = [sys.executable, "-m", "uvicorn", target, "--host", "127.0.0.1", "--port", str(self.port),
+                "--log-level", "warning", "--lifespan", "off", "--backlog", "2048"]
+        if factory:
+            args.append("--factory")
+        self._args = args
+        self._env = {**os.environ, **(env or {})}
+        self._cwd = cwd or str(Path(__file__).resolve().parents[2])
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> UvicornProcess:
+        self.proc = subprocess.Popen(self._args, env=self._env, cwd=self._cwd)
+        wait_for_port(self.port, proc=self.proc)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def engine_behind_middleware() -> Any:
+    """Factory for ``UvicornProcess``: the built-in engine behind EloquentMiddleware configured from ELOQUENT_*."""
+    import logging
+
+    from eloquent_plugins.engine import create_engine_app
+    from eloquent_plugins.sse.middleware import EloquentMiddleware
+
+    log_file = os.environ.get("ELOQUENT_TEST_LOG")  # stream logs of this replica, for debugging a test
+    if log_file:
+        handler = logging.FileHandler(f"{log_file}.{os.getpid()}")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        logging.getLogger("eloquent_plugins").addHandler(handler)
+        logging.getLogger("eloquent_plugins").setLevel(logging.INFO)
+    return EloquentMiddleware(create_engine_app())
