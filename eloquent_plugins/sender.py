@@ -10,14 +10,15 @@ supersedes an earlier one by construction.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from .delta import make_delta
 from .errors import ProtocolViolation, StreamClosed
 from .events import EventKind, StreamEvent
 from .keepalive import KeepAlivePolicy, KeepAliveTimer
 from .limits import Limits
-from .rtt import RttEstimator
+from .rtt import LossEstimator, RttEstimator
 from .wire import AckPacket, DataPacket, Entry, KeepAlivePacket, data_header_size, decode_packet, encode_packet
 
 _SENT_HISTORY = 1024
@@ -41,10 +42,29 @@ class SenderConfig:
     probes still resend the run): the packet-duplication baseline, driven by the same machine."""
     copies: int = 1
     """Send each datagram this many times (2 for the duplication baseline)."""
+    redundancy: Literal["off", "adaptive"] | int = "off"
+    """Copies of every run datagram, each under its own packet number: "off" (one), an int n (always n), or
+    "adaptive": two while the loss estimate is at least ``redundancy_threshold``, one on a clean path. A copy
+    repairs an independent loss at once instead of one token interval later."""
+    redundancy_threshold: float = 0.01
+    """Adaptive mode: the smoothed round-trip packet loss rate at or above which runs are sent twice."""
+    loss_gain: float = 1 / 16
+    """Weight of each packet in the loss estimate (``rtt.LossEstimator``): how fast it forgets."""
+    cadence_probes: bool = False
+    """While the loss estimate is at or above ``redundancy_threshold``, resend the run once no packet has left for
+    1.5 mean push intervals, until a probe timeout after the newest event first left: the tail and generation
+    gaps get a packet per token interval (as the simulator's oracle does) instead of waiting a PTO."""
 
     def __post_init__(self) -> None:
         if self.copies < 1:
             raise ValueError(f"copies must be >= 1, got {self.copies}")
+        r = self.redundancy
+        if isinstance(r, bool) or not (r in ("off", "adaptive") or (isinstance(r, int) and r >= 1)):
+            raise ValueError(f'redundancy must be "off", "adaptive" or an int >= 1, got {r!r}')
+        if not 0 <= self.redundancy_threshold <= 1:
+            raise ValueError(f"redundancy_threshold must be in [0, 1], got {self.redundancy_threshold}")
+        if not 0 < self.loss_gain <= 1:
+            raise ValueError(f"loss_gain must be in (0, 1], got {self.loss_gain}")
 
 
 @dataclass(slots=True)
@@ -55,6 +75,8 @@ class SenderStats:
     bytes_sent: int = 0
     acks_received: int = 0
     events_resent: int = 0
+    redundant_packets: int = 0
+    """Extra copies sent by ``SenderConfig.redundancy`` (also counted in ``data_packets``)."""
 
 
 class EloquentSender:
@@ -64,6 +86,7 @@ class EloquentSender:
         self.stream_id = stream_id
         self.config = config or SenderConfig()
         self.rtt = RttEstimator(self.config.initial_rtt)
+        self.loss = LossEstimator(self.config.loss_gain)
         self.stats = SenderStats()
         self._unacked: deque[StreamEvent] = deque()
         self._deltas: dict[int, tuple[int, int, bytes]] = {}
@@ -72,13 +95,22 @@ class EloquentSender:
         self._reference: bytes | None = None
         self._packet_number = 0
         self._sent_times: dict[int, float] = {}
+        self._data_numbers: deque[int] = deque()
+        """Numbers of data packets above the largest acked, oldest first: what the loss estimate counts."""
         self._largest_acked_packet = -1
         self._sent_upto = -1
         self._last_flush_last_packet = -1
+        self._last_flush_tail: tuple[int, ...] = ()
+        """Numbers of the newest flush's last datagram and its redundant copies."""
         self._dirty = False
         self._probe_due = False
         self._pto_count = 0
         self._last_data_send: float | None = None
+        self._new_data_at: float | None = None
+        self._last_push: float | None = None
+        self._push_gap: float | None = None
+        """Smoothed interval between pushes: the token cadence cadence probes follow."""
+        self._cadence_due = False
         self._keepalive = KeepAliveTimer(self.config.keepalive, now)
         self._keepalive_due = False
         self._final = False
@@ -94,6 +126,10 @@ class EloquentSender:
         if len(payload) > limit:
             raise ValueError(f"event of {len(payload)} bytes exceeds max_event_bytes={limit}")
         event = StreamEvent(self._next_index, bytes(payload), kind)
+        if self._last_push is not None and now > self._last_push:
+            gap = now - self._last_push
+            self._push_gap = gap if self._push_gap is None else 0.875 * self._push_gap + 0.125 * gap
+        self._last_push = now
         if self.config.delta:
             previous = self._unacked[-1].payload if self._unacked else self._reference
             if previous is not None:
@@ -130,6 +166,7 @@ class EloquentSender:
             raise ProtocolViolation(f"ack for packet {ack.largest_packet_number}, never sent")
         self.stats.acks_received += 1
         if ack.largest_packet_number > self._largest_acked_packet:
+            self._sample_loss(ack.largest_packet_number)
             self._largest_acked_packet = ack.largest_packet_number
             sent_at = self._sent_times.get(ack.largest_packet_number)
             if sent_at is not None:
@@ -145,7 +182,7 @@ class EloquentSender:
             self._probe_due = False
             if self._sent_upto + 1 < self._next_index:
                 self._dirty = True  # a flush was cut at max_run_datagrams: the window moved, send more
-        elif (self._unacked and ack.largest_packet_number == self._last_flush_last_packet
+        elif (self._unacked and ack.largest_packet_number in self._last_flush_tail
               and not self._dirty):
             # The receiver has our newest flush but still misses its start: part of a split run was lost.
             self._probe_due = True
@@ -157,6 +194,26 @@ class EloquentSender:
             if carried is not None and ack.largest_packet_number >= carried + _PACKET_THRESHOLD:
                 self._probe_due = True
 
+    def _sample_loss(self, largest: int) -> None:
+        """Data packets sent before ``largest`` and above the previous largest acked were never reported."""
+        numbers = self._data_numbers
+        unreported = 0
+        while numbers and numbers[0] < largest:
+            numbers.popleft()
+            unreported += 1
+        if numbers and numbers[0] == largest:
+            numbers.popleft()
+        self.loss.on_ack(unreported)
+
+    def copies_now(self) -> int:
+        """How many copies of each run datagram the next flush sends (``SenderConfig.redundancy``)."""
+        mode = self.config.redundancy
+        if mode == "off":
+            return 1
+        if mode == "adaptive":
+            return 2 if self.loss.rate >= self.config.redundancy_threshold and self.loss.rate > 0 else 1
+        return int(mode)
+
     # ---- clock -------------------------------------------------------------------------------------------
     def _probe_deadline(self) -> float | None:
         if not self._unacked or self._last_data_send is None:
@@ -165,9 +222,20 @@ class EloquentSender:
         interval = min(pto * (2 ** self._pto_count), max(self.config.max_probe_interval, pto))
         return self._last_data_send + interval
 
+    def _cadence_deadline(self) -> float | None:
+        if (not self.config.cadence_probes or not self._unacked or self._last_data_send is None
+                or self._new_data_at is None or self._push_gap is None
+                or not 0 < self.config.redundancy_threshold <= self.loss.rate):
+            return None
+        deadline = self._last_data_send + 1.5 * self._push_gap
+        if deadline > self._new_data_at + self.rtt.probe_timeout(self.config.max_ack_delay):
+            return None
+        return deadline
+
     def next_deadline(self) -> float | None:
         """When ``handle_timer`` next has work; None when nothing is scheduled."""
-        candidates = [d for d in (self._probe_deadline(), None if self.done else self._keepalive.deadline())
+        candidates = [d for d in (self._probe_deadline(), self._cadence_deadline(),
+                                  None if self.done else self._keepalive.deadline())
                       if d is not None]
         return min(candidates) if candidates else None
 
@@ -175,8 +243,17 @@ class EloquentSender:
         probe = self._probe_deadline()
         if probe is not None and now >= probe:
             self._probe_due = True
+        cadence = self._cadence_deadline()
+        if cadence is not None and now >= cadence and not self._probe_due:
+            self._probe_due = self._cadence_due = True
         if not self.done and self._keepalive.due(now):
             self._keepalive_due = True
+
+    def probe(self) -> None:
+        """Resend the unacked run on the next ``datagrams_to_send`` (a transport protecting the stream's tail:
+        the last packet has no successor to repair it)."""
+        if self._unacked:
+            self._probe_due = True
 
     # ---- output ------------------------------------------------------------------------------------------
     def datagrams_to_send(self, now: float) -> list[bytes]:
@@ -184,21 +261,36 @@ class EloquentSender:
         self.handle_timer(now)
         if (self._dirty or self._probe_due) and self._unacked:
             probe = self._probe_due and not self._dirty
+            if self._dirty:
+                self._new_data_at = now
             datagrams = self._build_run(now, only_new=not (self._probe_due or self.config.carry_unacked))
+            self._last_flush_tail = (self._last_flush_last_packet,)
+            extra = self.copies_now() - 1
+            if extra:
+                datagrams = datagrams + [self._recopy(d, now) for _ in range(extra) for d in datagrams]
+                last = self._last_flush_last_packet
+                self._last_flush_tail = (last, *range(self._packet_number - 1, last, -(len(datagrams) // (extra + 1))))
             if self.config.copies > 1:
                 datagrams = [d for d in datagrams for _ in range(self.config.copies)]
                 self.stats.bytes_sent += sum(map(len, datagrams)) * (self.config.copies - 1) // self.config.copies
             if probe:
-                self._pto_count += 1
+                self._pto_count += 0 if self._cadence_due else 1
                 self.stats.probe_packets += len(datagrams)
-            self._dirty = self._probe_due = self._keepalive_due = False
+            self._dirty = self._probe_due = self._keepalive_due = self._cadence_due = False
             return datagrams
-        self._dirty = self._probe_due = False
+        self._dirty = self._probe_due = self._cadence_due = False
         if self._keepalive_due and not self.done:
             self._keepalive_due = False
             return [self._emit(encode_packet(KeepAlivePacket(self.stream_id, self._take_packet_number(now))),
                                now)]
         return []
+
+    def _recopy(self, datagram: bytes, now: float) -> bytes:
+        """The same data packet under a fresh number, so the loss estimate sees each copy's fate."""
+        packet = decode_packet(datagram, self.config.limits)
+        assert isinstance(packet, DataPacket)
+        self.stats.redundant_packets += 1
+        return self._encode_data(replace(packet, packet_number=self._take_packet_number(now)), now)
 
     def _take_packet_number(self, now: float) -> int:
         number = self._packet_number
@@ -276,8 +368,14 @@ class EloquentSender:
 
     def _data_packet(self, ref_index: int | None, entries: list[Entry], now: float) -> bytes:
         number = self._take_packet_number(now)
+        return self._encode_data(DataPacket(self.stream_id, number, ref_index, entries[0].index, tuple(entries)),
+                                 now)
+
+    def _encode_data(self, packet: DataPacket, now: float) -> bytes:
         self.stats.data_packets += 1
-        packet = DataPacket(self.stream_id, number, ref_index, entries[0].index, tuple(entries))
+        self._data_numbers.append(packet.packet_number)
+        if len(self._data_numbers) > _SENT_HISTORY:
+            self._data_numbers.popleft()
         return self._emit(encode_packet(packet), now)
 
     def _fragments(self, event: StreamEvent, now: float) -> list[bytes]:
@@ -302,6 +400,11 @@ class EloquentSender:
     def acked(self) -> int:
         """Events the receiver has confirmed (cumulative)."""
         return self._base
+
+    @property
+    def loss_rate(self) -> float:
+        """Smoothed round-trip packet loss rate seen in acks (drives ``redundancy="adaptive"``)."""
+        return self.loss.rate
 
     @property
     def unacked(self) -> int:

@@ -18,7 +18,7 @@ from ..errors import ConfigError
 from ..stall import DEFAULT_READING_PACE
 from ..sim.matrix import Plan, custom_plan, quick_plan, standard_plan, with_tokens
 from ..sim.report import ScenarioResult, format_table, plot, summarize_scenario, write_json
-from ..sim.run import ALL_SCHEMES, ELOQUENT_X2, RACK_TLP, SCHEMES, StreamRun, simulate_stream
+from ..sim.run import ALL_SCHEMES, ELOQUENT_ADAPTIVE, ELOQUENT_X2, RACK_TLP, SCHEMES, StreamRun, simulate_stream
 from ..sim.scenario import Scenario, parse_scenario
 
 Task = tuple[int, Scenario, int, int, tuple[str, ...]]
@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "the summary's figures stay against the issue's baseline)")
     parser.add_argument("--eloquent-x2", action="store_true",
                         help="also run Eloquent with every datagram sent twice (a sensitivity check)")
+    parser.add_argument("--eloquent-adaptive", action="store_true",
+                        help='also run Eloquent with SenderConfig(redundancy="adaptive"): runs sent twice while '
+                        "the sender sees loss")
     parser.add_argument("--reading-pace", type=float, default=DEFAULT_READING_PACE, metavar="SECONDS",
                         help="seconds per token the QoE reader digests (Andes; default: %(default)s)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
@@ -117,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
     plan = build_plan(args)
     extra = {RACK_TLP} if args.rack_tlp else set()
     extra |= {ELOQUENT_X2} if args.eloquent_x2 else set()
+    extra |= {ELOQUENT_ADAPTIVE} if args.eloquent_adaptive else set()
     schemes = tuple(s for s in ALL_SCHEMES if s in SCHEMES or s in extra)
     results = execute(plan, args.jobs, progress=not args.no_progress, pace=args.reading_pace, schemes=schemes)
     print(format_table(results))

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..stall import DEFAULT_READING_PACE, percentile, stall_metrics
-from .run import ALL_SCHEMES, ELOQUENT_X2, RACK_TLP, SCHEMES, StreamRun
+from .run import ALL_SCHEMES, ELOQUENT_ADAPTIVE, ELOQUENT_X2, RACK_TLP, SCHEMES, StreamRun
 from .scenario import Scenario
 
 
@@ -93,6 +93,10 @@ def summary(results: Sequence[ScenarioResult]) -> dict[str, float]:
             "eloquent_x2_bytes_ratio_vs_retransmission": _mean(
                 [r.schemes[ELOQUENT_X2].bytes_vs_retransmission or math.nan for r in results])}
            if all(ELOQUENT_X2 in r.schemes for r in results) and results else {}),
+        **({"eloquent_adaptive_mean_stall_ratio": _mean([r.schemes[ELOQUENT_ADAPTIVE].stall_ratio for r in results]),
+            "eloquent_adaptive_bytes_ratio_vs_retransmission": _mean(
+                [r.schemes[ELOQUENT_ADAPTIVE].bytes_vs_retransmission or math.nan for r in results])}
+           if all(ELOQUENT_ADAPTIVE in r.schemes for r in results) and results else {}),
     }
 
 
@@ -130,6 +134,10 @@ def format_table(results: Sequence[ScenarioResult]) -> str:
         lines.append(f"Eloquent x2 (every datagram twice): mean stall {s['eloquent_x2_mean_stall_ratio']:.3f} vs "
                      f"{s['mean_stall_ratio_eloquent']:.3f}, bytes {s['eloquent_x2_bytes_ratio_vs_retransmission']:.2f}x "
                      f"retransmission's")
+    if "eloquent_adaptive_mean_stall_ratio" in s:
+        lines.append(f"Eloquent adaptive (runs twice while loss is seen): mean stall "
+                     f"{s['eloquent_adaptive_mean_stall_ratio']:.3f} vs {s['mean_stall_ratio_eloquent']:.3f}, bytes "
+                     f"{s['eloquent_adaptive_bytes_ratio_vs_retransmission']:.2f}x retransmission's")
     if "stall_reduction_vs_retransmission_rack_tlp" in s:
         lines.append(f"Eloquent stall vs retransmission with RACK-TLP: "
                      f"{s['stall_reduction_vs_retransmission_rack_tlp']:+.1%} reduction")

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from ..keepalive import KeepAlivePolicy
 from ..netem import PathConfig, SlottedPath, Trace
+from ..sender import SenderConfig
 from .clock import EventLoop, SimulationError
 from .eloquent import EloquentEndpoints
 from .scenario import Scenario
@@ -24,7 +26,9 @@ RACK_TLP = "retransmission-rack-tlp"
 """Sensitivity variant, not one of the issue's schemes: the TCP baseline with Linux's RACK-TLP loss recovery."""
 ELOQUENT_X2 = "eloquent-x2"
 """Sensitivity variant: the real Eloquent sender's datagrams each sent twice back to back by the driver."""
-ALL_SCHEMES = (*SCHEMES[:1], RACK_TLP, *SCHEMES[1:3], ELOQUENT_X2, SCHEMES[3])
+ELOQUENT_ADAPTIVE = "eloquent-adaptive"
+"""Sensitivity variant: the real Eloquent sender with ``SenderConfig(redundancy="adaptive")``."""
+ALL_SCHEMES = (*SCHEMES[:1], RACK_TLP, *SCHEMES[1:3], ELOQUENT_ADAPTIVE, ELOQUENT_X2, SCHEMES[3])
 _TIME_GUARD = 900.0
 
 
@@ -127,12 +131,16 @@ def run_tcp(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, trace: T
 
 
 def run_eloquent(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, trace: Trace | None,
-                 copies: int = 1, scheme: str = "eloquent") -> StreamRun:
+                 copies: int = 1, scheme: str = "eloquent", redundancy: str | int | None = None) -> StreamRun:
+    """``redundancy`` None keeps the sender's default; otherwise it sets ``SenderConfig.redundancy``."""
     path = scenario.path_config(trace)
     loop = EventLoop()
     renders = _Renders(len(timeline.times))
+    config = None if redundancy is None else replace(
+        SenderConfig(), initial_rtt=_initial_rtt(scenario), keepalive=KeepAlivePolicy(interval=0.0),
+        redundancy=redundancy)
     ends = EloquentEndpoints(loop, _initial_rtt(scenario), lambda d: forward.send(d, len(d)),
-                             lambda a: reverse.send(a, len(a)), renders, copies=copies)
+                             lambda a: reverse.send(a, len(a)), renders, sender_config=config, copies=copies)
     forward_path, reverse_path = _paths(path, timeline, seeds)
     forward = SimWire(loop, forward_path, QUIC_DATAGRAM_HEADER, ends.on_data)
     reverse = SimWire(loop, reverse_path, QUIC_DATAGRAM_HEADER, ends.on_ack)
@@ -144,6 +152,7 @@ def run_eloquent(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, tra
         raise SimulationError(f"{scheme}: the sender never saw its final event acknowledged")
     stats = ends.sender.stats
     details = {"data_packets": stats.data_packets, "probe_packets": stats.probe_packets,
+               "redundant_packets": stats.redundant_packets,
                "events_resent": stats.events_resent, "acks": ends.receiver.stats.acks_sent}
     return StreamRun(scheme, timeline.times, renders.result(scheme), path.min_delay,
                      forward.stats.bytes + reverse.stats.bytes, forward.stats.packets + reverse.stats.packets,
@@ -199,6 +208,8 @@ def simulate_stream(scenario: Scenario, seed: int, stream: int, trace: Trace | N
             out[scheme] = run_tcp(scenario, timeline, seeds, trace, scenario.copies, scheme)
         elif scheme == "eloquent":
             out[scheme] = run_eloquent(scenario, timeline, seeds, trace)
+        elif scheme == ELOQUENT_ADAPTIVE:
+            out[scheme] = run_eloquent(scenario, timeline, seeds, trace, scheme=scheme, redundancy="adaptive")
         elif scheme == ELOQUENT_X2:
             out[scheme] = run_eloquent(scenario, timeline, seeds, trace, copies=2, scheme=scheme)
         elif scheme == "oracle":
