@@ -1,0 +1,113 @@
+"""The pure-ASGI class that vLLM's ``--middleware`` installs in every API server process.
+
+vLLM builds ``--middleware`` classes as ``Class(app)`` with no arguments, so this one reads its settings from the
+parsed CLI namespace at ``scope["app"].state.args`` (vLLM sets it in ``build_app``) and builds the real
+:class:`eloquent_plugins.sse.middleware.EloquentMiddleware` around the inner app. It also rides the app's ASGI
+lifespan: after vLLM's own startup it starts the HTTP/3 front end on the running loop (same process, same app,
+so HTTP/3 requests go through this whole middleware stack too), and closes it on shutdown.
+
+It can also be given by hand, without the plugin: ``--middleware eloquent_vllm.middleware.VllmStreamMiddleware``
+(transport then comes from ``ELOQUENT_STREAM_TRANSPORT``, default ``sse``).
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from .compat import logger
+from .errors import ServeOptionsError
+from .http3 import Http3Frontend
+from .implementations import sse_middleware_class
+from .options import EloquentVllmSettings
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class VllmStreamMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._inner: ASGIApp | None = None
+        self._settings: EloquentVllmSettings | None = None
+        self._http3: Http3Frontend | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(scope, receive, send)
+            return
+        if self._inner is None:  # lifespan off (or a test client): build on first use
+            self._setup(scope.get("app"))
+        assert self._inner is not None
+        await self._inner(scope, receive, send)
+
+    def _setup(self, outer_app: Any) -> EloquentVllmSettings:
+        args = getattr(getattr(outer_app, "state", None), "args", None)
+        settings = EloquentVllmSettings.from_namespace(
+            args if isinstance(args, Namespace) else Namespace(), default_transport="sse"
+        )
+        if settings.config is None:  # transport "none" named explicitly: stay out of the way
+            self._inner = self.app
+        else:
+            self._inner = sse_middleware_class()(self.app, config=settings.config)
+        self._settings = settings
+        return settings
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        outer_app = scope.get("app")
+        try:
+            self._setup(outer_app)  # vLLM set app.state.args in build_app, before the lifespan runs
+        except Exception as exc:  # noqa: BLE001 - any failure must become lifespan.startup.failed
+            logger.exception("eloquent-plugins: cannot build the stream middleware")
+            await receive()  # lifespan.startup
+            await send({"type": "lifespan.startup.failed", "message": f"eloquent-plugins: {exc}"})
+            return
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                try:
+                    await self._startup(outer_app)
+                except Exception as exc:  # noqa: BLE001 - reported through ASGI: uvicorn logs it, stops
+                    logger.exception("eloquent-plugins: startup failed")
+                    await send({"type": "lifespan.startup.failed", "message": f"eloquent-plugins: {exc}"})
+                    return
+            await send(message)
+
+        async def receive_wrapper() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown":
+                await self._shutdown()
+            return message
+
+        assert self._inner is not None
+        await self._inner(scope, receive_wrapper, send_wrapper)  # the SSE middleware sees the lifespan too
+
+    async def _startup(self, outer_app: Any) -> None:
+        settings = self._settings
+        assert settings is not None
+        args = getattr(outer_app.state, "args", None)
+        if settings.wants_http3:
+            servers = int(getattr(args, "api_server_count", None) or 1)
+            if servers > 1:
+                raise ServeOptionsError(
+                    f"--stream-transport eloquent supports one API server process, this is one of {servers}; "
+                    "use --api-server-count 1 or --stream-transport sse"
+                )
+            assert settings.config is not None and settings.http3_port is not None
+            self._http3 = await Http3Frontend.start(
+                outer_app, host=settings.http3_host, port=settings.http3_port, config=settings.config
+            )
+        logger.info(
+            "eloquent-plugins: stream transport %s active%s",
+            settings.transport,
+            f", HTTP/3 on udp/{settings.http3_port}" if self._http3 else "",
+        )
+
+    async def _shutdown(self) -> None:
+        http3, self._http3 = self._http3, None
+        if http3 is not None:
+            await http3.close()

@@ -1,0 +1,178 @@
+"""The ``vllm serve`` flags this adapter adds, and the settings they resolve to.
+
+Flags follow vLLM's style; each also reads an ``ELOQUENT_*`` variable through :meth:`StreamConfig.from_env`
+(CLI beats environment beats default), so ``--api-server-count`` children and container setups that only pass
+environment work too. Without ``--stream-transport`` (or ``ELOQUENT_STREAM_TRANSPORT``) nothing changes.
+"""
+
+from __future__ import annotations
+
+import os
+from argparse import ArgumentParser, Namespace
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from .errors import ServeOptionsError
+
+if TYPE_CHECKING:
+    from eloquent_plugins.config import StreamConfig
+
+Transport = Literal["none", "sse", "eloquent"]
+TRANSPORTS: tuple[Transport, ...] = ("none", "sse", "eloquent")
+MIDDLEWARE_PATH = "eloquent_vllm.middleware.VllmStreamMiddleware"
+"""What the parser hook appends to vLLM's ``--middleware`` list."""
+TRANSPORT_ENV = "ELOQUENT_STREAM_TRANSPORT"
+GROUP_TITLE = "Eloquent streaming (eloquent-plugins)"
+
+
+def add_eloquent_args(parser: ArgumentParser) -> bool:
+    """Add our flags to a ``vllm serve`` parser once; False if they (or a same-named vLLM flag) already exist."""
+    if "--stream-transport" in parser._option_string_actions:
+        return False
+    group = parser.add_argument_group(
+        GROUP_TITLE,
+        "Robust token streaming. Every flag also reads the ELOQUENT_* variable named in its help.",
+    )
+    group.add_argument(
+        "--stream-transport",
+        choices=TRANSPORTS,
+        default=None,
+        help="sse: keep-alive + resumable SSE on the streaming routes; eloquent: also an HTTP/3 (QUIC) front end "
+        "on a UDP port serving the same app; none (default): vLLM unchanged. [ELOQUENT_STREAM_TRANSPORT]",
+    )
+    group.add_argument(
+        "--eloquent-port",
+        type=int,
+        default=None,
+        help="UDP port of the HTTP/3 front end (default: the same number as --port). [ELOQUENT_ELOQUENT_PORT]",
+    )
+    group.add_argument(
+        "--eloquent-keepalive",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="Send an SSE keep-alive after this many idle seconds; 0 turns it off (default 15). "
+        "[ELOQUENT_KEEPALIVE]",
+    )
+    group.add_argument(
+        "--eloquent-resume-store",
+        default=None,
+        metavar="URL",
+        help="Where resumable streams are kept: memory:// (one process, default) or redis://host:port/db "
+        "(needed with --api-server-count > 1). [ELOQUENT_RESUME_STORE]",
+    )
+    group.add_argument(
+        "--eloquent-certfile",
+        default=None,
+        help="TLS certificate for HTTP/3 (default: --ssl-certfile). [ELOQUENT_CERTFILE]",
+    )
+    group.add_argument(
+        "--eloquent-keyfile",
+        default=None,
+        help="TLS private key for HTTP/3 (default: --ssl-keyfile). [ELOQUENT_KEYFILE]",
+    )
+    return True
+
+
+@dataclass(frozen=True)
+class EloquentVllmSettings:
+    """Resolved adapter settings for one vLLM server (``config`` is None when the transport is ``none``)."""
+
+    transport: Transport
+    config: StreamConfig | None
+    http3_host: str
+    http3_port: int | None
+
+    @property
+    def enabled(self) -> bool:
+        return self.transport != "none"
+
+    @property
+    def wants_http3(self) -> bool:
+        return self.transport == "eloquent"
+
+    @classmethod
+    def from_namespace(
+        cls,
+        ns: Namespace,
+        environ: Mapping[str, str] | None = None,
+        default_transport: Transport = "none",
+    ) -> EloquentVllmSettings:
+        """Resolve from vLLM's parsed args; ``default_transport`` applies when neither flag nor env names one."""
+        env = os.environ if environ is None else environ
+        transport = getattr(ns, "stream_transport", None) or env.get(TRANSPORT_ENV) or default_transport
+        if transport not in TRANSPORTS:
+            raise ServeOptionsError(f"{TRANSPORT_ENV}={transport!r}: choose one of {', '.join(TRANSPORTS)}")
+        host = getattr(ns, "host", None) or "0.0.0.0"
+        if transport == "none":
+            return cls("none", None, host, None)
+
+        # Imported here: light (config only, no transports) but not needed when the transport is "none".
+        from eloquent_plugins.config import StreamConfig
+
+        config = StreamConfig.from_env(
+            env,
+            stream_transport=transport,
+            keepalive=getattr(ns, "eloquent_keepalive", None),
+            resume_store=getattr(ns, "eloquent_resume_store", None),
+            eloquent_port=getattr(ns, "eloquent_port", None),
+            certfile=getattr(ns, "eloquent_certfile", None),
+            keyfile=getattr(ns, "eloquent_keyfile", None),
+        )
+        if config.certfile is None and config.keyfile is None and getattr(ns, "ssl_certfile", None):
+            config = config.replace(certfile=ns.ssl_certfile, keyfile=getattr(ns, "ssl_keyfile", None))
+        port = config.eloquent_port
+        if port is None and not getattr(ns, "uds", None):
+            port = getattr(ns, "port", None)
+        if port is not None and port != config.eloquent_port:
+            config = config.replace(eloquent_port=port)
+        return cls(transport, config, host, port if transport == "eloquent" else None)
+
+    def check_serving(self, ns: Namespace, environ: Mapping[str, str] | None = None) -> None:
+        """Refuse flag combinations we cannot serve correctly, with a message that says what to do instead."""
+        if not self.enabled or self.config is None:
+            return
+        env = os.environ if environ is None else environ
+        flag = f"--stream-transport {self.transport}"
+        if env.get("VLLM_USE_RUST_FRONTEND", "0").lower() not in ("", "0", "false"):
+            raise ServeOptionsError(f"{flag} needs vLLM's Python API server; unset VLLM_USE_RUST_FRONTEND")
+        if getattr(ns, "grpc", False):
+            raise ServeOptionsError(f"{flag} applies to the HTTP server, not --grpc")
+        servers = planned_api_servers(ns)
+        if self.wants_http3:
+            if servers > 1:
+                raise ServeOptionsError(
+                    f"{flag} runs its HTTP/3 front end in the API server process, so it supports one API server; "
+                    f"got {servers} (--api-server-count / data parallel size). Use --api-server-count 1, or "
+                    "--stream-transport sse, which works with several API servers."
+                )
+            if self.http3_port is None:
+                raise ServeOptionsError(f"{flag} with --uds needs an explicit --eloquent-port (UDP)")
+            if (self.config.certfile is None) != (self.config.keyfile is None):
+                raise ServeOptionsError("--eloquent-certfile and --eloquent-keyfile must be given together")
+        if servers > 1 and self.config.resume and self.config.resume_store.startswith("memory://"):
+            raise ServeOptionsError(
+                f"{flag} with {servers} API server processes needs a shared resume store: a reconnect may reach "
+                "another process, which cannot see a memory:// store. Pass --eloquent-resume-store "
+                "redis://HOST:PORT/DB, or run one API server."
+            )
+
+
+def planned_api_servers(ns: Namespace) -> int:
+    """How many API server processes ``vllm serve`` will start (mirrors its defaulting; 0 when headless)."""
+    count = getattr(ns, "api_server_count", None)
+    if count is not None:
+        return int(count)
+    if getattr(ns, "headless", False):
+        return 0
+    external = (
+        getattr(ns, "data_parallel_external_lb", False)
+        or getattr(ns, "data_parallel_rank", None) is not None
+        or getattr(ns, "data_parallel_multi_port_external_lb", False)
+    )
+    if external:
+        return 1
+    if getattr(ns, "data_parallel_hybrid_lb", False) or getattr(ns, "data_parallel_start_rank", None) is not None:
+        return int(getattr(ns, "data_parallel_size_local", None) or 1)
+    return int(getattr(ns, "data_parallel_size", 1) or 1)
