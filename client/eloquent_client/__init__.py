@@ -1,0 +1,14 @@
+"""eloquent-client: one async API to stream LLM responses as Eloquent HTTP/3 datagrams, as SSE on the HTTP/3
+reliable stream, or as plain SSE over HTTP/1.1 -- with render times recorded and optional reading-pace pacing.
+"""
+
+from .client import TRANSPORTS, EloquentClient, Response, ResponseStream, Transport
+from .events import ClientError, ClientEvent, IncompleteStream, StreamFailed, text_delta
+from .http3 import H3Stream, Http3ClientConnection
+from .pacing import Pacer, Pacing
+
+__all__ = [
+    "TRANSPORTS", "ClientError", "ClientEvent", "EloquentClient", "H3Stream", "Http3ClientConnection",
+    "IncompleteStream", "Pacer", "Pacing", "Response", "ResponseStream", "StreamFailed", "Transport",
+    "text_delta",
+]

@@ -1,0 +1,128 @@
+"""Sans-I/O pieces of the HTTP/3 front end: datagram admission, control records, scheme selection, certs."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import stat
+
+import pytest
+
+from eloquent_plugins.config import StreamConfig
+from eloquent_plugins.errors import ConfigError, DecodeError, LimitExceeded
+from eloquent_plugins.events import EventKind, StreamEvent
+from eloquent_plugins.quic import (
+    ControlParser,
+    DatagramQueue,
+    Fallback,
+    Scheme,
+    StreamDigest,
+    Trailer,
+    scheme_for,
+    sender_config_for,
+)
+from eloquent_plugins.quic.certs import (
+    dev_certificate,
+    generate_dev_certificate,
+    resolve_certificate,
+)
+from eloquent_plugins.quic.control import encode_fallback, encode_trailer
+
+
+def test_queue_supersedes_a_parked_eloquent_run_and_serves_streams_round_robin() -> None:
+    q = DatagramQueue()
+    q.put(0, [b"a1", b"a2", b"a3"], supersede=True)
+    q.put(4, [b"b1"], supersede=True)
+    assert q.take(4) == [(0, b"a1"), (4, b"b1")]
+    q.put(0, [b"A1", b"A2"], supersede=True)  # a newer run replaces what was parked (a2, a3)
+    assert q.stats.superseded == 2
+    assert q.take(100) == [(0, b"A1"), (0, b"A2")]
+    assert not q and q.pending() == 0
+
+
+def test_queue_appends_duplication_runs_and_bounds_them() -> None:
+    q = DatagramQueue(max_pending=3)
+    q.put(0, [b"1", b"1"], supersede=False)
+    q.put(0, [b"2", b"2"], supersede=False)
+    assert q.pending(0) == 3 and q.stats.dropped == 1
+    assert [d for _, d in q.take(10)] == [b"1", b"2", b"2"]
+
+
+def test_queue_always_releases_one_datagram_even_over_budget() -> None:
+    q = DatagramQueue()
+    q.put(0, [b"x" * 500, b"y"], supersede=True)
+    assert q.take(10) == [(0, b"x" * 500)]
+    q.discard(0)
+    assert q.take(10) == []
+
+
+def test_control_records_round_trip_in_any_split() -> None:
+    final = StreamEvent(2, b"", EventKind.END)
+    digest = StreamDigest.of([b"a", b"b", b""])
+    data = encode_fallback([StreamEvent(1, b"b")]) + encode_trailer(Trailer(3, digest, final))
+    parser = ControlParser()
+    records = [r for i in range(len(data)) for r in parser.feed(data[i:i + 1])]
+    parser.close()
+    assert records == [Fallback((StreamEvent(1, b"b"),)), Trailer(3, digest, final)]
+
+
+def test_digest_is_length_prefixed() -> None:
+    assert StreamDigest.of([b"ab", b""]) != StreamDigest.of([b"a", b"b"])
+
+
+@pytest.mark.parametrize("line", [b"nope\n", b"[]\n", b'{"type":"x"}\n', b'{"type":"trailer","count":0}\n',
+                                  (b'{"type":"trailer","count":2,"sha256":"x","final":{"index":0,"kind":"end",'
+                                   b'"payload":""}}\n'),
+                                  b'{"type":"fallback","events":[{"index":-1,"kind":"data","payload":""}]}\n',
+                                  b'{"type":"fallback","events":[{"index":1,"kind":"data","payload":"%%"}]}\n'])
+def test_bad_control_records_are_typed_errors(line: bytes) -> None:
+    with pytest.raises(DecodeError):
+        ControlParser().feed(line)
+
+
+def test_control_record_size_and_truncation() -> None:
+    parser = ControlParser(max_record_bytes=10)
+    with pytest.raises(LimitExceeded):
+        parser.feed(b"x" * 20)
+    parser = ControlParser()
+    parser.feed(b'{"type":')
+    with pytest.raises(DecodeError):
+        parser.close()
+
+
+def test_scheme_selection() -> None:
+    assert scheme_for([]) is Scheme.STREAM
+    assert scheme_for([(b"eloquent-transport", b"datagram")]) is Scheme.ELOQUENT
+    assert scheme_for([(b"eloquent-transport", b"datagram"), (b"eloquent-scheme", b"duplicate")]) is \
+        Scheme.DUPLICATE
+    assert scheme_for([(b"eloquent-scheme", b"duplicate")]) is Scheme.STREAM  # datagrams were not asked for
+    with pytest.raises(ValueError):
+        scheme_for([(b"eloquent-transport", b"datagram"), (b"eloquent-scheme", b"smoke")])
+    dup = sender_config_for(Scheme.DUPLICATE, StreamConfig(keepalive=5))
+    assert (dup.carry_unacked, dup.copies, dup.keepalive.interval) == (False, 2, 5)
+    assert sender_config_for(Scheme.ELOQUENT, StreamConfig()).carry_unacked
+
+
+def test_dev_certificate_is_cached_and_renewed(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("ELOQUENT_CACHE_DIR", str(tmp_path / "cache"))
+    first = dev_certificate()
+    assert first.certfile.parent == tmp_path / "cache"
+    assert stat.S_IMODE(os.stat(first.keyfile).st_mode) == 0o600
+    again = dev_certificate()
+    assert again.certfile.read_bytes() == first.certfile.read_bytes()  # cached, not regenerated
+    first.certfile.write_text("garbage")
+    renewed = dev_certificate()
+    assert b"BEGIN CERTIFICATE" in renewed.certfile.read_bytes()
+
+    from cryptography import x509
+    cert = x509.load_pem_x509_certificate(renewed.certfile.read_bytes())
+    assert cert.not_valid_after_utc > datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=300)
+
+
+def test_configured_certificate_must_exist(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError):
+        resolve_certificate(str(tmp_path / "missing.pem"), None)
+    with pytest.raises(ConfigError):
+        resolve_certificate(None, str(tmp_path / "key.pem"))
+    pair = generate_dev_certificate(tmp_path)
+    assert resolve_certificate(str(pair.certfile), str(pair.keyfile)) == pair
