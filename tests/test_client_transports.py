@@ -90,6 +90,8 @@ def test_text_delta_reads_openai_and_tgi_chunks() -> None:
     assert text_delta('{"choices":[{"text":"yo","index":0}]}') == "yo"
     assert text_delta('{"index":1,"token":{"id":5,"text":" a","special":false}}') == " a"
     assert text_delta('{"index":1,"token":{"id":2,"text":"</s>","special":true}}') is None
+    assert text_delta('{"model_name":"m","model_version":"1","text_output":" hi"}') == " hi"
+    assert text_delta('{"error":"boom"}') is None
     assert text_delta("[DONE]") is None and text_delta("{broken") is None and text_delta("") is None
     event = ClientEvent(0, '{"error":{"message":"x"}}', 0.0)
     assert event.error == {"message": "x"} and event.text is None

@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from eloquent_plugins.codecs import sniff_codec
+from eloquent_plugins.codecs.base import CodecError
 from eloquent_plugins.errors import EloquentError
 
 
@@ -47,7 +49,7 @@ class ClientEvent:
 
     @property
     def text(self) -> str | None:
-        """The text delta of an OpenAI (chat or completions) or TGI chunk; None for other events."""
+        """The text delta of an OpenAI (chat or completions), TGI or Triton event; None for other events."""
         return text_delta(self.data)
 
     @property
@@ -60,24 +62,19 @@ class ClientEvent:
 
 
 def text_delta(data: str) -> str | None:
+    """The text an event adds (OpenAI chat/completions, TGI or Triton format, read by the core codecs); None
+    for events that add none (role chunks, special tokens, ``[DONE]``, errors, other JSON)."""
     if not data or data[0] != "{":
         return None
     try:
         obj = json.loads(data)
     except ValueError:
         return None
-    if not isinstance(obj, dict):
+    codec = sniff_codec(obj)
+    if codec is None:
         return None
-    choices = obj.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        choice = choices[0]
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            content = delta.get("content")
-            return content if isinstance(content, str) else None
-        text = choice.get("text")
-        return text if isinstance(text, str) else None
-    token = obj.get("token")
-    if isinstance(token, dict) and isinstance(token.get("text"), str) and not token.get("special"):
-        return token["text"]
-    return None
+    try:
+        view = codec.read(obj)
+    except CodecError:
+        return None
+    return view.text or None

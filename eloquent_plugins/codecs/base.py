@@ -34,6 +34,9 @@ class Codec(Protocol):
     def parse(self, payload: bytes) -> EventView:
         """Read one event; raise CodecError for payloads outside the format."""
 
+    def read(self, obj: Any) -> EventView:
+        """Read one event already decoded from JSON (saves a second parse when the caller has it)."""
+
     def error_payload(self, message: str, *, error_type: str = "EngineError", status: int = 500) -> bytes:
         """An in-band error event in the format's own shape."""
 

@@ -15,7 +15,10 @@ class OpenAICodec:
     def parse(self, payload: bytes) -> EventView:
         if payload.strip() == DONE:
             return EventView(terminal=True)
-        obj = load_json(payload)
+        return self.read(load_json(payload))
+
+    def read(self, obj: Any) -> EventView:
+        """Read an already-decoded chunk."""
         if not isinstance(obj, dict):
             raise CodecError("OpenAI chunk must be a JSON object")
         error = obj.get("error")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .base import CodecError, EventView, dump_json, load_json
 
 
@@ -9,7 +11,10 @@ class TGICodec:
     name = "tgi"
 
     def parse(self, payload: bytes) -> EventView:
-        obj = load_json(payload)
+        return self.read(load_json(payload))
+
+    def read(self, obj: Any) -> EventView:
+        """Read an already-decoded event."""
         if not isinstance(obj, dict):
             raise CodecError("TGI event must be a JSON object")
         if "error" in obj:

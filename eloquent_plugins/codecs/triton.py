@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .base import CodecError, EventView, dump_json, load_json
 
 TEXT_OUTPUTS = ("text_output", "OUTPUT", "output", "text")
@@ -11,7 +13,10 @@ class TritonCodec:
     name = "triton"
 
     def parse(self, payload: bytes) -> EventView:
-        obj = load_json(payload)
+        return self.read(load_json(payload))
+
+    def read(self, obj: Any) -> EventView:
+        """Read an already-decoded event."""
         if not isinstance(obj, dict):
             raise CodecError("Triton event must be a JSON object")
         if "error" in obj:

@@ -55,6 +55,7 @@ from .h3 import (
     close_code,
     disable_pacing,
 )
+from .lifespan import Lifespan
 from .scheme import Scheme, scheme_for, sender_config_for
 from .stream import EloquentResponseStream
 
@@ -672,9 +673,11 @@ class Http3Connection(QuicConnectionProtocol):
 class Http3Server:
     """Handle returned by ``start_http3_server``: ``.port``, ``.host``, ``close()``, timings for benchmarks."""
 
-    def __init__(self, server: QuicServer, state: _ServerState, host: str, port: int) -> None:
+    def __init__(self, server: QuicServer, state: _ServerState, host: str, port: int,
+                 lifespan: Lifespan | None = None) -> None:
         self._server = server
         self._state = state
+        self._lifespan = lifespan
         self.host = host
         self.port = port
 
@@ -697,6 +700,9 @@ class Http3Server:
         for conn in connections:
             await conn.shutdown()
         self._state.connections.clear()
+        if self._lifespan is not None:
+            await self._lifespan.shutdown()
+            self._lifespan = None
 
     async def __aenter__(self) -> Self:
         return self
@@ -718,14 +724,23 @@ def quic_server_configuration(config: StreamConfig, options: FrontEndOptions) ->
 
 
 async def start_http3_server(app: Callable[..., Any], *, host: str, port: int, config: StreamConfig,
-                             plugin_manager: Any = None, options: FrontEndOptions | None = None) -> Http3Server:
-    """Serve ``app`` over HTTP/3 on UDP ``host:port`` (0: any free port; read ``.port``)."""
+                             plugin_manager: Any = None, options: FrontEndOptions | None = None,
+                             lifespan: bool = False) -> Http3Server:
+    """Serve ``app`` over HTTP/3 on UDP ``host:port`` (0: any free port; read ``.port``).
+
+    ``lifespan=True`` runs the app's ASGI lifespan (startup now, shutdown on ``close()``): set it when no other
+    server (uvicorn) runs the same app.
+    """
     options = options or FrontEndOptions()
     if options.idle_timeout <= 0 or options.fallback_after <= 0:
         raise ConfigError("idle_timeout and fallback_after must be > 0")
     state = _ServerState(app, config, options, plugin_manager)
     quic = quic_server_configuration(config, options)
+    manager = None
+    if lifespan:
+        manager = Lifespan(app)
+        await manager.startup()
     server = await serve(host, port, configuration=quic,
                          create_protocol=partial(Http3Connection, state=state))
     bound = server._transport.get_extra_info("sockname") if server._transport else (host, port)
-    return Http3Server(server, state, host, int(bound[1]))
+    return Http3Server(server, state, host, int(bound[1]), manager)
