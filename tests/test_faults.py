@@ -1,0 +1,327 @@
+"""Faults, each on real servers: the engine dying mid-stream (SSE and HTTP/3), Redis dying under the SSE
+middleware, the client's network vanishing for longer than the QUIC idle timeout, and the server restarting while
+clients hold resume tokens (memory store: a clear 404; Redis store: the resume works on the new instance).
+
+Every wait is bounded by a generous guard (``GUARD``) so that a hang fails the test instead of stalling the run;
+no assertion depends on how fast the machine is."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from typing import Any, Self
+
+import httpx
+import pytest
+from eloquent_client import ClientError, EloquentClient, StreamFailed
+
+from eloquent_plugins.config import StreamConfig
+from eloquent_plugins.engine import EngineConfig, create_engine_app
+from eloquent_plugins.netem import Outage
+from eloquent_plugins.quic import FrontEndOptions, start_http3_server
+from eloquent_plugins.relay import RelayConfig, start_relay
+from eloquent_plugins.sse.middleware import EloquentMiddleware
+from eloquent_plugins.sse.parser import SSEParser
+from tests.support.servers import (
+    UvicornProcess,
+    UvicornThread,
+    free_port,
+    wait_for_port,
+)
+
+GUARD = 60.0
+"""Seconds any single fault scenario may take before it counts as a hang (never reached when things work)."""
+
+
+def chat(max_tokens: int = 20, seed: int = 1, **engine: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "eloquent-builtin", "messages": [{"role": "user", "content": f"fault {seed}"}],
+                            "stream": True, "max_tokens": max_tokens, "seed": seed}
+    if engine:
+        body["eloquent_engine"] = engine
+    return body
+
+
+def text_of(datas: list[str]) -> str:
+    out = []
+    for data in datas:
+        if data == "[DONE]":
+            continue
+        for choice in json.loads(data).get("choices", []):
+            out.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(out)
+
+
+async def wait_until(predicate, what: str) -> None:  # type: ignore[no-untyped-def]
+    """Poll ``predicate`` until it holds; a guard, not a timing assertion."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + GUARD
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"{what}: not reached within {GUARD} s")
+        await asyncio.sleep(0.05)
+
+
+class RedisProcess:
+    """A throwaway redis-server that the test can kill (``tests.support.servers.redis_server`` hides its process)."""
+
+    def __init__(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server is not installed (apt-get install -y redis-server)")
+        self.exe = exe
+        self.port = free_port()
+        self._tmp = tempfile.TemporaryDirectory(prefix="eloquent-faults-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def __enter__(self) -> Self:
+        self.proc = subprocess.Popen([self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", self._tmp.name, "--protected-mode", "no"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        wait_for_port(self.port, proc=self.proc)
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._tmp.cleanup()
+
+
+async def sse_post(client: httpx.AsyncClient, body: Any, **headers: str) -> tuple[httpx.Response, list[Any]]:
+    async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
+        raw = b"".join([chunk async for chunk in response.aiter_raw()])
+    return response, SSEParser().feed(raw)
+
+
+# --- 1. The engine dies mid-stream -----------------------------------------------------------------------------
+#
+# Over SSE this is already shown by tests/test_sse_middleware.py::test_engine_error_after_200_is_an_in_band_openai_error
+# (OpenAI error event then [DONE], the stream ends cleanly, a Last-Event-ID resume replays the error, the openai
+# SDK raises APIError) and ::test_engine_error_in_tgi_and_triton_formats (TGI and Triton formats). What is
+# missing is HTTP/3: below, the same engine behind the middleware, served by the HTTP/3 front end.
+
+async def test_engine_death_over_http3_eloquent_and_h3_stream_with_resume() -> None:
+    app = create_engine_app(EngineConfig(ttft=0.0, tpot=0.002, raise_errors=True))
+    engine = app.state.engine
+    wrapped = EloquentMiddleware(app, StreamConfig(keepalive=0.5, resume_grace=0.5))
+    srv = await start_http3_server(wrapped, host="127.0.0.1", port=0, config=StreamConfig())
+    try:
+        async def scenario() -> None:
+            base = f"https://127.0.0.1:{srv.port}"
+            # Eloquent datagrams (the middleware leaves datagram requests alone; the front end turns the app's
+            # exception into the in-band ERROR event, OpenAI-style, and still sends the trailer).
+            async with EloquentClient(base, verify=False) as client, \
+                    client.stream("POST", "/v1/chat/completions", json=chat(40, seed=1, fail_after=5)) as s:
+                with pytest.raises(StreamFailed) as failed:
+                    await s.text()
+                assert s.delivery == "eloquent"
+                rendered = list(s.rendered)
+                trailer = s.h3._assembler.trailer
+            assert [e.kind for e in rendered[:-1]] == ["data"] * (len(rendered) - 1) and len(rendered) >= 2
+            error = rendered[-1]
+            assert error.kind == "error" and "fail_after" in error.error["message"]
+            assert "fail_after" in str(failed.value)
+            # The stream ended cleanly: the trailer counted every event (the error is the final one).
+            assert trailer is not None and trailer.count == len(rendered)
+            assert [e.index for e in rendered] == list(range(len(rendered)))
+
+            # The reliable HTTP/3 stream goes through the middleware: in-band OpenAI error + [DONE], resumable.
+            async with EloquentClient(base, transport="h3-stream", verify=False) as client:
+                async def sse_over_h3(body: Any, **headers: str) -> tuple[int, dict[str, str], list[Any]]:
+                    conn = await client.connection()
+                    h3 = await conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
+                                            headers=[("content-type", "application/json"),
+                                                     ("accept", "text/event-stream"), *headers.items()])
+                    try:
+                        await h3.wait_headers(GUARD)
+                        if h3.status != 200:
+                            return h3.status or 0, h3.headers, []
+                        return h3.status, h3.headers, [e async for e in h3.events()]
+                    finally:
+                        h3.cancel()
+
+                status, headers, events = await sse_over_h3(chat(40, seed=2, fail_after=5))
+                assert status == 200
+                token = headers["x-eloquent-stream"]
+                assert events[-1].data == "[DONE]"
+                err = json.loads(events[-2].data)["error"]
+                assert "fail_after" in err["message"] and set(err) >= {"message", "type", "code"}
+                assert all(e.id and e.id.startswith(token + ":") for e in events)
+                # Resume from just before the error: the error and [DONE] again, with the same ids.
+                status, _, replay = await sse_over_h3({}, **{"last-event-id": events[-3].id})
+                assert status == 200
+                assert [(e.id, e.data) for e in replay] == [(e.id, e.data) for e in events[-2:]]
+                # From the start (token alone): the whole stream, error included, without a second engine run.
+                status, _, whole = await sse_over_h3({}, **{"last-event-id": token})
+                assert status == 200 and [e.data for e in whole] == [e.data for e in events]
+                # Everything after the end: 204.
+                status, _, _ = await sse_over_h3({}, **{"last-event-id": events[-1].id})
+                assert status == 204
+            stats = engine.stats()
+            assert stats.failed == 2 and stats.running == 0 and stats.completed == 0
+
+        await asyncio.wait_for(scenario(), GUARD)
+    finally:
+        await srv.close()
+
+
+# --- 2. Redis becomes unavailable ------------------------------------------------------------------------------
+
+async def test_redis_dying_keeps_serving_new_streams_and_resumes_get_503() -> None:
+    engine_app = create_engine_app(EngineConfig(ttft=0.0, tpot=0.005))
+    with RedisProcess() as redis:
+        app = EloquentMiddleware(engine_app, StreamConfig(keepalive=0.5, resume_store=redis.url, resume_grace=0.5,
+                                                          resume_ttl=60))
+        with UvicornThread(app) as srv:
+            async def scenario() -> None:
+                async with httpx.AsyncClient(base_url=srv.url, timeout=GUARD) as client:
+                    # While Redis is up: a resumable stream.
+                    first, first_msgs = await sse_post(client, chat(10, seed=1))
+                    token = first.headers["x-eloquent-stream"]
+                    assert all(m.id and m.id.startswith(token) for m in first_msgs)
+                    ok = await client.post("/v1/chat/completions", headers={"last-event-id": first_msgs[3].id})
+                    assert ok.status_code == 200
+
+                    # A long stream in flight when Redis dies.
+                    live_datas: list[str] = []
+                    async with client.stream("POST", "/v1/chat/completions", json=chat(200, seed=2)) as live:
+                        live_token = live.headers["x-eloquent-stream"]
+                        parser = SSEParser()
+                        killed = False
+                        async for chunk in live.aiter_raw():
+                            for m in parser.feed(chunk):
+                                live_datas.append(m.data)
+                            if not killed and len(live_datas) >= 5:
+                                redis.kill()
+                                killed = True
+                    assert killed
+                    # The reader that was connected gets the whole stream (served from the producer's memory).
+                    assert live_datas[-1] == "[DONE]" and len(text_of(live_datas)) > 0
+
+                    # New streams are still served, without ids (not resumable); nothing else changes.
+                    new, new_msgs = await sse_post(client, chat(10, seed=1))
+                    assert new.status_code == 200 and "x-eloquent-stream" not in new.headers
+                    assert all(m.id is None for m in new_msgs)
+                    assert text_of([m.data for m in new_msgs]) == text_of([m.data for m in first_msgs]) != ""
+                    assert new_msgs[-1].data == "[DONE]"
+
+                    # Resumes get the documented 503.
+                    for last_id in (first_msgs[3].id, live_token + ":2", live_token):
+                        refused = await client.post("/v1/chat/completions", headers={"last-event-id": last_id})
+                        assert refused.status_code == 503, (last_id, refused.status_code, refused.text)
+                        assert refused.json()["error"]["code"] == "resume_store_unavailable"
+
+            await asyncio.wait_for(scenario(), GUARD)
+    stats = engine_app.state.engine.stats()
+    assert stats.running == 0 and stats.aborted == 0 and stats.failed == 0
+
+
+# --- 3. The client's network vanishes for longer than the QUIC idle timeout -------------------------------------
+
+async def test_outage_longer_than_idle_timeout_ends_both_sides_and_aborts_the_engine() -> None:
+    app = create_engine_app(EngineConfig(ttft=0.0, tpot=0.01))
+    engine = app.state.engine
+    srv = await start_http3_server(app, host="127.0.0.1", port=0, config=StreamConfig(keepalive=0.2),
+                                   options=FrontEndOptions(idle_timeout=1.0))
+    # Everything dropped both ways from 2 s after the relay starts, for far longer than the idle timeout.
+    relay = await start_relay(RelayConfig(target=("127.0.0.1", srv.port), outages=(Outage(2.0, 3600.0),)))
+    try:
+        async def scenario() -> None:
+            host, port = relay.listen_addr
+            before = engine.stats()
+            received: list[int] = []
+            async with EloquentClient(f"https://{host}:{port}", verify=False) as client, \
+                    client.stream("POST", "/v1/chat/completions", json=chat(5000, seed=3)) as s:
+                with pytest.raises(ClientError) as failed:
+                    async for event in s.events():
+                        received.append(event.index)
+            assert received, "no event before the outage: the relay schedule did not fit this machine"
+            assert relay.elapsed() >= 2.0
+            assert "Idle timeout" in str(failed.value)  # "connection closed (code 0x..: Idle timeout)"
+            assert not isinstance(failed.value, StreamFailed)  # a transport failure, not an in-band error
+            await wait_until(lambda: srv.connections == 0, "the server did not close the connection")
+            await wait_until(lambda: engine.stats().running == 0, "the engine request is still running")
+            after = engine.stats()
+            assert after.aborted == before.aborted + 1
+            assert after.completed == before.completed and after.failed == before.failed
+            assert relay.stats.downstream.outage_dropped > 0
+
+        await asyncio.wait_for(scenario(), GUARD)
+    finally:
+        await relay.close()
+        await srv.close()
+
+
+# --- 4. The server restarts while clients hold resume tokens ----------------------------------------------------
+
+async def test_restart_with_memory_store_gives_stream_not_found() -> None:
+    port = free_port()
+    with UvicornThread(EloquentMiddleware(create_engine_app(EngineConfig(ttft=0.0, tpot=0.001))),
+                       port=port) as first:
+        async with httpx.AsyncClient(base_url=first.url, timeout=GUARD) as client:
+            response, messages = await asyncio.wait_for(sse_post(client, chat(10, seed=4)), GUARD)
+            held = messages[2].id
+            assert (await client.post("/v1/chat/completions", headers={"last-event-id": held})).status_code == 200
+    # Same address, new process state: the memory store is gone.
+    with UvicornThread(EloquentMiddleware(create_engine_app(EngineConfig(ttft=0.0, tpot=0.001))),
+                       port=port) as second:
+        async with httpx.AsyncClient(base_url=second.url, timeout=GUARD) as client:
+            for last_id in (held, response.headers["x-eloquent-stream"]):
+                gone = await asyncio.wait_for(
+                    client.post("/v1/chat/completions", headers={"last-event-id": last_id}), GUARD)
+                assert gone.status_code == 404 and gone.json()["error"]["code"] == "stream_not_found"
+            # The resuming client library turns it into a typed error, not a retry loop.
+            from eloquent_client.sse import SSEStreamError, stream_sse
+
+            with pytest.raises(SSEStreamError) as refused:
+                async for _ in stream_sse(client, "POST", second.url + "/v1/chat/completions",
+                                          headers={"last-event-id": held}):
+                    pass
+            assert refused.value.status == 404
+
+
+@contextlib.contextmanager
+def redis_replica(url: str) -> Iterator[UvicornProcess]:
+    env = {"ELOQUENT_RESUME_STORE": url, "ELOQUENT_KEEPALIVE": "1", "ELOQUENT_RESUME_GRACE": "30"}
+    with UvicornProcess("tests.support.servers:engine_behind_middleware", env=env, factory=True) as proc:
+        yield proc
+
+
+async def test_restart_with_redis_store_resumes_on_the_new_instance() -> None:
+    with RedisProcess() as redis:
+        with redis_replica(redis.url) as first:
+            async with httpx.AsyncClient(base_url=first.url, timeout=GUARD) as client:
+                response, messages = await asyncio.wait_for(sse_post(client, chat(30, seed=5)), GUARD)
+                token = response.headers["x-eloquent-stream"]
+                stats = (await client.get("/v1/engine/stats")).json()
+                assert stats["completed"] == 1
+        with redis_replica(redis.url) as second:
+            async with httpx.AsyncClient(base_url=second.url, timeout=GUARD) as client:
+                resumed = await asyncio.wait_for(
+                    client.post("/v1/chat/completions", headers={"last-event-id": messages[9].id}), GUARD)
+                assert resumed.status_code == 200
+                replay = SSEParser().feed(resumed.content)
+                assert [(m.id, m.data) for m in replay] == [(m.id, m.data) for m in messages[10:]]
+                whole = await client.post("/v1/chat/completions", headers={"last-event-id": token})
+                assert [m.data for m in SSEParser().feed(whole.content)] == [m.data for m in messages]
+                # The engine of the new instance ran nothing: the events came from Redis.
+                stats = (await client.get("/v1/engine/stats")).json()
+                assert stats["completed"] == 0 and stats["running"] == 0
