@@ -325,3 +325,33 @@ async def test_restart_with_redis_store_resumes_on_the_new_instance() -> None:
                 # The engine of the new instance ran nothing: the events came from Redis.
                 stats = (await client.get("/v1/engine/stats")).json()
                 assert stats["completed"] == 0 and stats["running"] == 0
+
+
+async def test_producer_replica_crash_ends_a_resume_on_another_replica_instead_of_hanging() -> None:
+    """A replica dies mid-stream (SIGKILL, no end marker written): a resume on another replica must not wait for
+    the keys to expire (minutes); the producer's heartbeat lapses and the body ends uncompleted."""
+    from eloquent_plugins.resume.redis_store import HEARTBEAT_TTL
+
+    async def scenario() -> None:
+        with RedisProcess() as redis:
+            with redis_replica(redis.url) as first:
+                async with httpx.AsyncClient(base_url=first.url, timeout=60) as client:
+                    async with client.stream("POST", "/v1/chat/completions",
+                                             json=chat(3000, seed=7, tpot=0.01)) as response:
+                        parser, got = SSEParser(), []
+                        async for chunk in response.aiter_raw():
+                            got += parser.feed(chunk)
+                            if len(got) > 20:
+                                break
+                first.proc.kill()
+                first.proc.wait()
+            with redis_replica(redis.url) as second:
+                async with httpx.AsyncClient(base_url=second.url, timeout=httpx.Timeout(10, read=60)) as client:
+                    async with client.stream("POST", "/v1/chat/completions",
+                                             headers={"last-event-id": got[-1].id}) as response:
+                        assert response.status_code == 200
+                        with pytest.raises(httpx.RemoteProtocolError):  # cut, never passed off as complete
+                            async for _chunk in response.aiter_raw():
+                                pass
+
+    await asyncio.wait_for(scenario(), GUARD + 4 * HEARTBEAT_TTL)

@@ -33,6 +33,10 @@ log = logging.getLogger("eloquent_plugins.resume")
 LIVE_TTL_MIN = 60.0
 """A live stream's keys expire this long (at least) after the producer last refreshed them: a crashed producer
 leaves no stream behind forever."""
+HEARTBEAT_TTL = 15
+"""Seconds a live stream's heartbeat key outlives the producer's last refresh (every HEARTBEAT_TTL / 3 s). A
+reader that finds it gone while the stream has no end knows the producing replica died: it ends the body
+without completing it instead of waiting for the keys to expire."""
 _OUR_OPTIONS = ("prefix", "max_stream_events")
 
 
@@ -57,6 +61,7 @@ class RedisSource:
         self.meta = meta
         self._store = store
         self._key = store.key("s", token)
+        self._heartbeat = store.key("h", token)
         self._buffer: list[bytes] = []
         self._buffer_base = 0
         self._end: int | None = None
@@ -118,8 +123,20 @@ class RedisSource:
                                                count=1000, block=block)
         for _key, entries in result or ():
             self._absorb(entries)
-        if not result and not await self._store.redis.exists(self._key):
+        if result:
+            return
+        pipe = self._store.redis.pipeline(transaction=False)
+        pipe.exists(self._key)
+        pipe.exists(self._heartbeat)
+        stream_exists, producer_alive = await pipe.execute()
+        if not stream_exists:
             raise EventsGone("the stream expired while it was being read")
+        if not producer_alive and self._end is None:
+            # The producing replica stopped without writing an end: end this body uncompleted ("disconnected"),
+            # so the client sees a cut stream rather than a silent one; a later resume gets the same answer.
+            log.warning("stream %s: producer heartbeat lost; ending the resume uncompleted", self._key)
+            self._end = max(cursor, self._read_through)
+            self.end_reason = "disconnected"
 
     def close(self) -> None:
         return None
@@ -159,14 +176,16 @@ class RedisStore(ResumeStore):
     async def create(self, token: str, meta: StreamMeta, log_: StreamLog) -> None:
         live_ttl = int(max(self.ttl, LIVE_TTL_MIN)) + 1
         await self.redis.set(self.key("m", token), meta.to_json(), ex=live_ttl)
+        await self.redis.set(self.key("h", token), b"1", ex=HEARTBEAT_TTL)
         task = asyncio.get_running_loop().create_task(self._mirror(token, log_),
                                                       name=f"eloquent-mirror-{meta.stream_id}")
         self._local[token] = (meta, log_, task)
 
     async def _mirror(self, token: str, log_: StreamLog) -> None:
         """Copy the local log to Redis in batches until it closes; then mark the end and set the final TTL."""
-        skey, mkey = self.key("s", token), self.key("m", token)
+        skey, mkey, hkey = self.key("s", token), self.key("m", token), self.key("h", token)
         live_ttl = int(max(self.ttl, LIVE_TTL_MIN)) + 1
+        beat_every = HEARTBEAT_TTL / 3
         changed = asyncio.Event()
         log_.listen(changed.set)
         cursor = 0
@@ -183,9 +202,10 @@ class RedisStore(ResumeStore):
                     for offset, frame in enumerate(frames):
                         pipe.xadd(skey, {b"f": frame}, id=_entry_id(cursor + offset),
                                   maxlen=self.max_stream_events, approximate=True)
-                    if cursor == 0 or time.monotonic() - last_refresh > 5:
+                    if cursor == 0 or time.monotonic() - last_refresh > beat_every:
                         pipe.expire(skey, live_ttl)
                         pipe.expire(mkey, live_ttl)
+                        pipe.set(hkey, b"1", ex=HEARTBEAT_TTL)
                         last_refresh = time.monotonic()
                     await pipe.execute()
                     cursor += len(frames)
@@ -197,14 +217,18 @@ class RedisStore(ResumeStore):
                     pipe.expire(skey, ttl)
                     pipe.expire(mkey, ttl)
                     pipe.expire(self.key("l", token), ttl)
+                    pipe.delete(hkey)
                     await pipe.execute()
                     return
                 changed.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(changed.wait(), 10.0)
-                if time.monotonic() - last_refresh > 10:
-                    await self.redis.expire(skey, live_ttl)
-                    await self.redis.expire(mkey, live_ttl)
+                    await asyncio.wait_for(changed.wait(), beat_every)
+                if time.monotonic() - last_refresh > beat_every:
+                    pipe = self.redis.pipeline(transaction=False)
+                    pipe.expire(skey, live_ttl)
+                    pipe.expire(mkey, live_ttl)
+                    pipe.set(hkey, b"1", ex=HEARTBEAT_TTL)
+                    await pipe.execute()
                     last_refresh = time.monotonic()
         except Exception:
             log.exception("mirroring stream %s to Redis failed; resumes on other replicas will miss it", token[:4])
