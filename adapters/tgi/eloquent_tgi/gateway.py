@@ -174,7 +174,9 @@ class _Gateway:
     def client(self) -> httpx.AsyncClient:
         # Created on first use, not at startup: hosts that run the app with ``lifespan="off"`` still work.
         if self._client is None or self._client.is_closed:
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+            # Idle pooled connections are dropped well before common server keep-alive timeouts (uvicorn 5 s):
+            # reusing one the server is closing at that moment fails the request with a ReadError.
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=2.0)
             self._client = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout, limits=limits,
                                              transport=self.transport, follow_redirects=False)
         return self._client
@@ -224,11 +226,19 @@ class _Gateway:
         upstream = self.upstream_request(request, body, accept_encoding=None, stream=True)
         return _EventStream(self.relay(upstream, dialect), headers=SSE_HEADERS)
 
+    async def _send_fresh_on_stale(self, upstream: httpx.Request) -> httpx.Response:
+        """Send; if the connection failed before any response byte, send once more on a new connection. The
+        common cause is a pooled connection the server closed while idle, which never saw the request."""
+        try:
+            return await self.client.send(upstream, stream=True)
+        except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
+            return await self.client.send(upstream, stream=True)
+
     async def relay(self, upstream: httpx.Request, dialect: _Dialect) -> AsyncIterator[bytes]:
         """Upstream SSE in, one SSE message per upstream event out, the payload bytes unchanged."""
         space = True
         try:
-            response = await self.client.send(upstream, stream=True)
+            response = await self._send_fresh_on_stale(upstream)
         except httpx.HTTPError as exc:
             for payload in dialect.error(f"TGI upstream {self.base_url} unreachable: {exc!r}", "generation", 502):
                 yield format_event(payload)
@@ -277,7 +287,7 @@ class _Gateway:
             body = read
         upstream = self.upstream_request(request, body, accept_encoding=request.headers.get("accept-encoding"))
         try:
-            response = await self.client.send(upstream, stream=True)
+            response = await self._send_fresh_on_stale(upstream)
         except httpx.HTTPError as exc:
             return JSONResponse({"error": f"TGI upstream {self.base_url} unreachable: {exc!r}",
                                  "error_type": "generation"}, status_code=502)
