@@ -61,10 +61,9 @@ async def test_serve_builtin_engine_over_sse_and_http3() -> None:
                        for m in messages if m.data != "[DONE]" and json.loads(m.data)["choices"])
         assert text == whole.json()["choices"][0]["message"]["content"]
         async with EloquentClient(f"https://127.0.0.1:{port}", transport="eloquent", verify=False,
-                                  timeout=30) as h3:
-            async with h3.stream("POST", "/v1/chat/completions", json=CHAT) as stream:
-                assert await stream.text() == text
-                assert stream.delivery == "eloquent"
+                                  timeout=30) as h3, h3.stream("POST", "/v1/chat/completions", json=CHAT) as stream:
+            assert await stream.text() == text
+            assert stream.delivery == "eloquent"
 
 
 async def test_serve_tgi_upstream() -> None:
