@@ -121,7 +121,14 @@ class EloquentReceiver:
                 self.stats.duplicate_entries += 1
                 previous = known
                 continue
+            # Below next_expected and not held: delivered long ago and pruned from the references (a packet
+            # reordered behind many newer ones). A late duplicate: it must not go back into the buffer.
+            stale = index < self._next
             if entry.is_fragment:
+                if stale:
+                    self.stats.duplicate_entries += 1
+                    previous = None
+                    continue
                 previous = self._add_fragment(entry.index, entry.kind, entry.frag_total, entry.frag_offset,
                                               entry.middle)
                 gap = gap or index > self._next
@@ -136,8 +143,11 @@ class EloquentReceiver:
                 payload = apply_delta(previous, entry.prefix, entry.suffix, entry.middle)
             else:
                 payload = entry.middle
-            self._store(index, entry.kind, payload)
-            gap = gap or index > self._next
+            if stale:
+                self.stats.duplicate_entries += 1
+            else:
+                self._store(index, entry.kind, payload)
+                gap = gap or index > self._next
             previous = payload
         return gap
 

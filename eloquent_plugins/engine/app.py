@@ -83,9 +83,9 @@ async def _read_json(request: Request, limit: int) -> Any:
     """Read at most ``limit`` bytes (trusting neither Content-Length nor its absence) and decode JSON."""
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
+        if not (declared.isascii() and declared.isdigit()):  # isdigit alone accepts "²"
             raise APIError(400, "invalid Content-Length header", code="invalid_request_body")
-        if int(declared) > limit:
+        if len(declared) > 18 or int(declared) > limit:
             raise APIError(413, f"request body exceeds {limit} bytes", code="request_too_large")
     chunks: list[bytes] = []
     size = 0

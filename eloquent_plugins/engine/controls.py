@@ -72,7 +72,8 @@ class EngineControls:
 
 
 def _delay(value: Any, param: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float) or (
+            isinstance(value, float) and not math.isfinite(value)):
         raise invalid(f"'{param}' must be a number of seconds", param)
     if not 0 <= value <= MAX_DELAY_S:
         raise invalid(f"'{param}' must be between 0 and {MAX_DELAY_S:g} seconds", param)

@@ -84,7 +84,7 @@ def _chat_prompt(body: dict[str, Any]) -> str:
         if not isinstance(msg, dict):
             raise invalid(f"'{where}' must be an object", where)
         role = msg.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise invalid(f"'{where}.role' must be one of {sorted(_ROLES)}", f"{where}.role")
         content = msg.get("content")
         if content is None and role in _NO_CONTENT_OK:
@@ -138,7 +138,9 @@ def _optional_number(body: dict[str, Any], name: str, lo: float, hi: float) -> N
     value = body.get(name)
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    # isfinite only on floats: a JSON integer of hundreds of digits overflows it, and ints are always finite.
+    if isinstance(value, bool) or not isinstance(value, int | float) or (
+            isinstance(value, float) and not math.isfinite(value)):
         raise invalid(f"'{name}' must be a number", name)
     if not lo <= value <= hi:
         raise invalid(f"'{name}' must be between {lo:g} and {hi:g}", name)
