@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -257,7 +258,7 @@ def backend_input_value(pb_utils: Any, request: Any, name: str, default: Any = N
     return input_value({name: tensor.as_numpy()}, name, default)
 
 
-class DecoupledTokenModel:
+class DecoupledTokenModel(ABC):
     """Base class for a decoupled Python-backend ``TritonPythonModel`` that streams tokens.
 
     Subclass it in ``model.py``, set ``pb_utils`` to the imported ``triton_python_backend_utils``
@@ -270,9 +271,9 @@ class DecoupledTokenModel:
     batched: bool = False
     cancel_poll_s: float = 0.05
 
+    @abstractmethod
     def generate(self, request: Any) -> Tokens:
         """Return the tokens for one request (sync or async iterator of str)."""
-        raise NotImplementedError
 
     def on_outcome(self, request: Any, outcome: StreamOutcome) -> None:
         """Called once per request after its final response was sent."""
