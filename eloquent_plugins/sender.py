@@ -271,8 +271,9 @@ class EloquentSender:
                 last = self._last_flush_last_packet
                 self._last_flush_tail = (last, *range(self._packet_number - 1, last, -(len(datagrams) // (extra + 1))))
             if self.config.copies > 1:
+                # _emit counted each datagram once; the identical copies add the rest.
+                self.stats.bytes_sent += (self.config.copies - 1) * sum(map(len, datagrams))
                 datagrams = [d for d in datagrams for _ in range(self.config.copies)]
-                self.stats.bytes_sent += sum(map(len, datagrams)) * (self.config.copies - 1) // self.config.copies
             if probe:
                 self._pto_count += 0 if self._cadence_due else 1
                 self.stats.probe_packets += len(datagrams)
