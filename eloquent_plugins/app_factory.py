@@ -13,7 +13,11 @@ from .upstream import parse_upstream
 
 def build_app(config: StreamConfig, pm: pluggy.PluginManager, *, upstream: str | None = None,
               engine_options: dict[str, Any] | None = None) -> Any:
-    """The app ``eloquent serve`` hosts on both transports (SSE over HTTP/1.1, Eloquent over HTTP/3)."""
+    """The app ``eloquent serve`` hosts on both transports (SSE over HTTP/1.1, Eloquent over HTTP/3).
+
+    Outermost is the request-body deadline (``config.body_timeout``): a body that stalls gets a 408 and the app
+    is told the client left, so the engine never starts a request it has no complete body for."""
+    from .http_timeouts import BodyTimeoutMiddleware
     from .sse.middleware import EloquentMiddleware
 
     if upstream:
@@ -23,4 +27,4 @@ def build_app(config: StreamConfig, pm: pluggy.PluginManager, *, upstream: str |
         from .engine import EngineConfig, create_engine_app
 
         inner = create_engine_app(EngineConfig(**(engine_options or {})))
-    return EloquentMiddleware(inner, config, plugin_manager=pm)
+    return BodyTimeoutMiddleware(EloquentMiddleware(inner, config, plugin_manager=pm), config.body_timeout)

@@ -37,15 +37,25 @@ class StreamConfig:
     keyfile: str | None = None
     send_timeout: float = 30.0
     """A client that accepts no bytes for this long is cut (slow readers, slowloris)."""
+    header_timeout: float = 30.0
+    """``eloquent serve`` (uvicorn/h11): seconds a client has to send a request's line and headers, counted from
+    the connection opening or from the first byte after a response (0: off)."""
+    body_timeout: float = 30.0
+    """Seconds the app may wait for the next chunk of a request body before a ``408`` (0: off)."""
+    max_streams_per_client: int = 0
+    """Live SSE streams one caller (credentials, else client IP) may hold at once; above it a ``429``
+    (0: unlimited)."""
     max_request_bytes: int = 1 << 20
     limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
         if self.stream_transport not in ("sse", "eloquent"):
             raise ConfigError(f"stream transport must be 'sse' or 'eloquent', got {self.stream_transport!r}")
-        for name in ("resume_ttl", "resume_grace", "send_timeout"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("resume_ttl", "resume_grace", "send_timeout", "header_timeout", "body_timeout",
+                     "max_streams_per_client"):
+            value = getattr(self, name)
+            if not value >= 0:  # also refuses NaN
+                raise ConfigError(f"{name} must be >= 0, got {value}")
         if self.eloquent_port is not None and not 0 <= self.eloquent_port <= 65535:
             raise ConfigError(f"eloquent_port must be a port number, got {self.eloquent_port}")
         if not self.resume_store.startswith(("memory://", "redis://", "rediss://", "unix://")):

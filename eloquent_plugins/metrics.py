@@ -64,6 +64,7 @@ class StreamMetrics:
         self.aborts = 0
         self.errors = 0
         self.send_timeouts = 0
+        self.streams_refused = 0
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self.registry.register(self)
 
@@ -98,6 +99,8 @@ class StreamMetrics:
             ("engine_errors", "Engine failures after the response started (sent as in-band errors).", self.errors),
             ("send_timeouts", "Connections cut because the client accepted no bytes for send_timeout.",
              self.send_timeouts),
+            ("streams_refused", "Streams refused (429) because their caller held max_streams_per_client.",
+             self.streams_refused),
         ):
             family = CounterMetricFamily(f"{p}_{name}", doc)
             family.add_metric([], value)

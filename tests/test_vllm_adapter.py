@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 from argparse import Namespace
 from typing import Any, ClassVar
 
@@ -345,3 +346,41 @@ async def test_given_by_hand_without_flags_defaults_to_sse() -> None:
         response = await client.post("/v1/completions")
     assert response.headers["x-stamp"] == "sse;15.0"
     assert FakeHttp3.started == []
+
+
+async def test_trickled_body_is_cut_with_408_before_vllm_sees_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The adapter puts the body deadline outermost: a request body that stalls gets 408, the route never runs."""
+    monkeypatch.setenv("ELOQUENT_BODY_TIMEOUT", "0.2")
+    ran: list[Any] = []
+
+    async def completions(request: Request) -> JSONResponse:  # reads its body, as vLLM's routes do
+        ran.append(await request.json())
+        return JSONResponse({})
+
+    app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])],
+                    middleware=[Middleware(VllmStreamMiddleware)])
+    app.state.args = args_for("--stream-transport", "sse")
+    sent: list[dict[str, Any]] = []
+    stalled = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        if not stalled.is_set():
+            stalled.set()
+            return {"type": "http.request", "body": b'{"prompt": "x", "stre', "more_body": True}
+        await asyncio.sleep(3600)  # the rest of the body never comes
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
+             "scheme": "http", "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 9),
+             "server": ("127.0.0.1", 8123), "app": app, "state": {}}
+    from starlette.requests import ClientDisconnect
+
+    with contextlib.suppress(ClientDisconnect):  # what the route sees: the client left (as on a real disconnect)
+        await asyncio.wait_for(app(scope, receive, send), 10)
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 408
+    assert b"request_timeout" in sent[1]["body"]
+    assert all(m.get("status") != 200 for m in sent) and ran == []

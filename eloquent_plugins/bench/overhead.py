@@ -8,9 +8,10 @@ It also times the middleware in-process (no sockets: a synthetic app and a no-op
 own per-event cost, and ``--profile`` prints where that time goes.
 
 ``--target URL`` measures a live OpenAI-compatible server instead: tokens/s streamed vs non-streamed at
-concurrency 1 and 32 (``--concurrency``), plus time to first token; repeat ``--target LABEL=URL`` to put several
-servers side by side. ``--vllm MODEL`` starts vLLM twice, one after the other, with our ``--stream-transport``
-and without it, and reports both ratios side by side (the plugin's vs vLLM's own streaming).
+concurrency 1 and 32 (``--concurrency``), plus time to first token, in interleaved rounds with per-round ratios
+(and, when the server runs our middleware, its streams around the middleware too); repeat ``--target LABEL=URL``
+to put several servers side by side. ``--vllm MODEL`` starts vLLM twice, one after the other, with our
+``--stream-transport`` and without it, and reports the ratios side by side. See :mod:`.overhead_live`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -49,9 +49,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vllm-transport", choices=("sse", "eloquent"), default="sse",
                         help="--stream-transport of the plugin server (default sse; the HTTP measurement is the same)")
     parser.add_argument("--vllm-startup-timeout", type=float, default=900.0, help=argparse.SUPPRESS)
-    parser.add_argument("--rounds", type=int, default=None, help="for --target/--vllm: alternate streamed and "
-                        "non-streamed runs this many times per level, keep the best of each (default 1 for "
-                        "--target, 3 for --vllm)")
+    parser.add_argument("--rounds", type=int, default=None, help="for --target/--vllm: rounds per level; each "
+                        "runs every mode once (non-streamed, streamed, and streamed around the middleware where "
+                        "there is one) in a rotated order; the table gives the median of the per-round ratios "
+                        "(default 9)")
+    parser.add_argument("--client-cpus", metavar="LIST", help="pin this benchmark process to these CPUs "
+                        "(e.g. 1 or 0-3; os.sched_setaffinity)")
+    parser.add_argument("--server-cpus", metavar="LIST", help="for --vllm: start vLLM confined to these CPUs "
+                        "(its processes inherit the mask; its OpenMP threads bind within it)")
     parser.add_argument("--model", default=None, help="model name for --target (default: the first of /v1/models)")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per request for --target")
     parser.add_argument("--concurrency", default="1,32", help="concurrency levels for --target (default 1,32)")
@@ -273,250 +278,24 @@ def in_process_cost(events: int, *, resume: bool, profile: bool = False) -> dict
             "added_us_per_event": (wrapped - bare) / events * 1e6}
 
 
-# -- live target -----------------------------------------------------------------------------------------------
-
-
-async def _target_level(url: str, model: str, max_tokens: int, concurrency: int, requests: int,
-                        stream: bool) -> dict[str, float]:
-    """``requests`` chat completions, ``concurrency`` at a time; completion tokens per wall-clock second.
-
-    Streamed requests ask for ``stream_options.include_usage`` and count the usage's completion tokens (the same
-    figure non-streamed responses report): chunk counts would differ whenever a server or our middleware merges
-    deltas. A stream without usage falls back to counting its content deltas."""
-    import httpx
-
-    from ..sse.parser import SSEParser
-
-    ttfts: list[float] = []
-    tokens = 0
-    errors = 0
-    sem = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency + 4)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
-
-        async def one(i: int) -> None:
-            nonlocal tokens, errors
-            body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "stream": stream, "temperature": 0,
-                                    "ignore_eos": True,
-                                    "messages": [{"role": "user", "content": f"Tell a story number {i}."}]}
-            if stream:
-                body["stream_options"] = {"include_usage": True}
-            async with sem:
-                start = time.perf_counter()
-                try:
-                    if not stream:
-                        r = await client.post("/v1/chat/completions", json=body)
-                        r.raise_for_status()
-                        tokens += int(r.json().get("usage", {}).get("completion_tokens", 0))
-                        return
-                    first = True
-                    deltas = 0
-                    usage: int | None = None
-                    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
-                        r.raise_for_status()
-                        parser = SSEParser()
-                        async for chunk in r.aiter_bytes():
-                            for message in parser.feed(chunk):
-                                if message.data == "[DONE]" or not message.data:
-                                    continue
-                                obj = json.loads(message.data)
-                                if obj.get("usage"):
-                                    usage = int(obj["usage"].get("completion_tokens", 0))
-                                for choice in obj.get("choices") or ():
-                                    if (choice.get("delta") or {}).get("content"):
-                                        if first:
-                                            ttfts.append(time.perf_counter() - start)
-                                            first = False
-                                        deltas += 1
-                    tokens += usage if usage is not None else deltas
-                except (httpx.HTTPError, ValueError):
-                    errors += 1
-
-        start = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(requests)))
-        wall = time.perf_counter() - start
-    out = {"concurrency": concurrency, "requests": requests, "stream": stream, "tokens": tokens,
-           "seconds": wall, "tokens_per_s": tokens / wall if wall else 0.0, "errors": errors}
-    if ttfts:
-        out["ttft_mean_s"] = statistics.fmean(ttfts)
-        out["ttft_p50_s"] = statistics.median(ttfts)
-    return out
-
-
-def _base_url(url: str) -> str:
-    return url.rstrip("/").removesuffix("/v1")
-
-
-def _parse_targets(values: list[str]) -> list[tuple[str, str]]:
-    """``URL`` or ``LABEL=URL`` each; unlabelled ones are called ``target``, ``target2``, ..."""
-    out = []
-    for i, value in enumerate(values):
-        label, sep, url = value.partition("=")
-        if not sep or "://" in label:
-            label, url = ("target" if i == 0 else f"target{i + 1}"), value
-        out.append((label, _base_url(url)))
-    return out
-
-
-def measure_target(label: str, url: str, model: str | None, max_tokens: int, levels: list[int],
-                   requests: int | None, rounds: int) -> dict[str, Any]:
-    """Streamed vs non-streamed at each level, alternating ``rounds`` times; the best run of each is kept (on a
-    shared machine interference only ever lowers tokens/s), every run is in ``runs``."""
-    import httpx
-
-    if model is None:
-        model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
-    asyncio.run(_target_level(url, model, 8, 1, 1, True))  # warm-up: first request pays one-off costs
-    load_before = os.getloadavg()[0]
-    rows = []
-    for level in levels:
-        n = requests or max(4, 2 * level)
-        runs: dict[bool, list[dict[str, float]]] = {True: [], False: []}
-        for _ in range(rounds):
-            for stream in (True, False):
-                runs[stream].append(asyncio.run(_target_level(url, model, max_tokens, level, n, stream)))
-        for stream in (True, False):
-            best = dict(max(runs[stream], key=lambda r: r["tokens_per_s"]))
-            best["errors"] = sum(r["errors"] for r in runs[stream])
-            best["runs"] = runs[stream]
-            rows.append(best)
-    return {"label": label, "target": url, "model": model, "max_tokens": max_tokens, "rounds": rounds,
-            "loadavg_before": load_before, "loadavg_after": os.getloadavg()[0], "levels": rows}
-
-
-def _ratio(result: dict[str, Any], level: int) -> tuple[dict[str, Any], dict[str, Any], float]:
-    s = next(r for r in result["levels"] if r["concurrency"] == level and r["stream"])
-    n = next(r for r in result["levels"] if r["concurrency"] == level and not r["stream"])
-    return s, n, (s["tokens_per_s"] / n["tokens_per_s"] if n["tokens_per_s"] else float("nan"))
-
-
-def print_targets(results: list[dict[str, Any]], levels: list[int]) -> None:
-    for result in results:
-        print(f"{result['label']}: {result['target']}  model {result['model']}  max_tokens {result['max_tokens']}"
-              f"  best of {result['rounds']}  load {result['loadavg_before']:.1f} -> {result['loadavg_after']:.1f}"
-              f" on {os.cpu_count()} CPUs")
-    print(f"{'target':<12} {'concurrency':>11} {'streamed tok/s':>15} {'non-streamed tok/s':>19} {'ratio':>7} "
-          f"{'TTFT p50':>9} {'errors':>7}")
-    for result in results:
-        for level in levels:
-            s, n, ratio = _ratio(result, level)
-            ttft = f"{s['ttft_p50_s'] * 1000:.0f} ms" if "ttft_p50_s" in s else "-"
-            print(f"{result['label']:<12} {level:>11} {s['tokens_per_s']:>15.1f} {n['tokens_per_s']:>19.1f} "
-                  f"{ratio:>7.3f} {ttft:>9} {s['errors'] + n['errors']:>7}")
-    if len(results) > 1:
-        head = "  ".join(f"{r['label'] + ' ratio':>16}" for r in results)
-        print(f"\nstreamed / non-streamed tokens/s, side by side\n{'concurrency':>11}  {head}")
-        for level in levels:
-            cells = "  ".join(f"{_ratio(r, level)[2]:>16.3f}" for r in results)
-            print(f"{level:>11}  {cells}")
-
-
-def _run_target(args: argparse.Namespace) -> dict[str, Any]:
-    levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
-    results = [measure_target(label, url, args.model, args.max_tokens, levels, args.requests, args.rounds or 1)
-               for label, url in _parse_targets(args.target)]
-    print_targets(results, levels)
-    if len(results) == 1:  # the single-target JSON keeps its original shape
-        return {**results[0], "targets": results}
-    return {"targets": results, "concurrency": levels}
-
-
-# -- vLLM: the same requests with the plugin on, then off ------------------------------------------------------
-
-
-def _vllm_python(arg: str | None) -> str:
-    if arg:
-        return arg
-    venv = os.environ.get("ELOQUENT_VLLM_VENV")
-    if venv:
-        return os.path.join(venv, "bin", "python")
-    return sys.executable
-
-
-def _start_vllm(python: str, model: str, flags: list[str], extra: list[str], log_path: str,
-                timeout: float) -> tuple[subprocess.Popen[bytes], str]:
-    """``python -m eloquent_vllm.serve MODEL`` (vLLM's ``serve`` plus our flags; without them, vLLM unchanged)
-    on a free port, from a temporary directory; returns once ``/health`` answers."""
-    import tempfile
-
-    import httpx
-
-    port = _free_port()
-    if os.path.exists(model):  # a local model folder: vLLM runs from a temporary directory
-        model = os.path.abspath(model)
-    cmd = [python, "-m", "eloquent_vllm.serve", model, "--host", "127.0.0.1", "--port", str(port), *extra, *flags]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ELOQUENT_") and k != "VLLM_PLUGINS"}
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=tempfile.gettempdir(), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            with open(log_path, errors="replace") as f:
-                raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{f.read()[-3000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    _stop(proc)
-    raise TimeoutError(f"vLLM not ready after {timeout:.0f} s (log: {log_path})")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    import signal
-
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-
-
-def _run_vllm(args: argparse.Namespace) -> dict[str, Any]:
-    """Two vLLM servers one after the other (never both at once): with ``--stream-transport`` (plugin), then
-    without any of our flags (vLLM's own streaming); the same requests against each."""
-    import shlex
-    import tempfile
-
-    levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
-    python = _vllm_python(args.vllm_python)
-    extra = shlex.split(args.vllm_args)
-    setups = [("plugin", ["--stream-transport", args.vllm_transport, "--eloquent-keepalive", "15"]),
-              ("vllm", [])]
-    results = []
-    for label, flags in setups:
-        log = os.path.join(tempfile.gettempdir(), f"eloquent-bench-vllm-{label}.log")
-        print(f"starting vLLM ({label}): {python} -m eloquent_vllm.serve {args.vllm} {' '.join(extra + flags)}"
-              f"  (log {log})", flush=True)
-        proc, url = _start_vllm(python, args.vllm, flags, extra, log, args.vllm_startup_timeout)
-        try:
-            result = measure_target(label, url, args.model, args.max_tokens, levels, args.requests,
-                                    args.rounds or 3)
-            result["command"] = f"python -m eloquent_vllm.serve {args.vllm} {' '.join(extra + flags)}"
-            results.append(result)
-        finally:
-            _stop(proc)
-    print_targets(results, levels)
-    return {"vllm": args.vllm, "vllm_args": extra, "transport": args.vllm_transport, "concurrency": levels,
-            "cpus": os.cpu_count(), "targets": results}
-
-
 # -- entry -----------------------------------------------------------------------------------------------------
 
 
 def run(args: argparse.Namespace) -> int:
     if args.serve:
         return _serve(args.serve, args.port)
+    if args.client_cpus:
+        from .overhead_live import parse_cpus
+
+        os.sched_setaffinity(0, parse_cpus(args.client_cpus))  # threads started later inherit it
     if args.vllm:
-        result = _run_vllm(args)
+        from .overhead_live import run_vllm
+
+        result = run_vllm(args)
     elif args.target:
-        result = _run_target(args)
+        from .overhead_live import run_target
+
+        result = run_target(args)
     else:
         events = args.events or (3000 if args.quick else 20000)
         repeat = args.repeat or (1 if args.quick else 3)

@@ -7,7 +7,7 @@ import asyncio
 import logging
 
 from ..plugins import create_plugin_manager
-from .common import add_all, stream_config
+from .common import _count, _seconds, add_all, stream_config
 
 log = logging.getLogger("eloquent.serve")
 
@@ -23,6 +23,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--resume-store", default=None, metavar="URL",
                         help="memory:// (default) or redis://host:port/db to share resumable streams across replicas")
     parser.add_argument("--no-resume", action="store_true", help="turn off event ids and resume")
+    parser.add_argument("--header-timeout", type=_seconds, default=None, metavar="SECONDS",
+                        help="HTTP/1.1: close a connection whose request line and headers are not in within this "
+                        "many seconds (408); 0 turns it off (default: ELOQUENT_HEADER_TIMEOUT or 30)")
+    parser.add_argument("--body-timeout", type=_seconds, default=None, metavar="SECONDS",
+                        help="answer 408 and stop the request when its body stalls this long, HTTP/1.1 and HTTP/3; "
+                        "0 turns it off (default: ELOQUENT_BODY_TIMEOUT or 30)")
+    parser.add_argument("--max-streams-per-client", type=_count, default=None, metavar="N",
+                        help="live SSE streams one caller (credentials, else client IP) may hold; above it 429; "
+                        "0 = unlimited (default: ELOQUENT_MAX_STREAMS_PER_CLIENT or 0)")
     parser.add_argument("--tpot", type=float, default=0.03, help="built-in engine: seconds per output token")
     parser.add_argument("--ttft", type=float, default=0.2, help="built-in engine: seconds before the first token")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -31,7 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     overrides: dict[str, object] = {"eloquent_port": args.eloquent_port, "certfile": args.certfile,
-                                    "keyfile": args.keyfile, "resume_store": args.resume_store}
+                                    "keyfile": args.keyfile, "resume_store": args.resume_store,
+                                    "header_timeout": args.header_timeout, "body_timeout": args.body_timeout,
+                                    "max_streams_per_client": args.max_streams_per_client}
     if args.no_resume:
         overrides["resume"] = False
     config = stream_config(args, **overrides)
@@ -43,11 +54,14 @@ async def serve(args: argparse.Namespace, config) -> int:  # type: ignore[no-unt
     import uvicorn
 
     from ..app_factory import build_app
+    from ..http_timeouts import header_timeout_protocol
 
     pm = create_plugin_manager()
     app = build_app(config, pm, upstream=args.upstream, engine_options={"tpot": args.tpot, "ttft": args.ttft})
+    # http=: uvicorn's h11 protocol plus a header-read deadline (uvicorn has none); keep-alive idle stays uvicorn's.
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           lifespan="auto", timeout_graceful_shutdown=5))
+                                           lifespan="auto", timeout_graceful_shutdown=5,
+                                           http=header_timeout_protocol(config.header_timeout)))
     h3 = None
     if config.stream_transport == "eloquent":
         from ..quic.server import start_http3_server

@@ -48,6 +48,7 @@ from .h3 import (
     CONNECTION_SPECIFIC,
     DATAGRAM,
     H3_INTERNAL_ERROR,
+    H3_NO_ERROR,
     H3_REQUEST_CANCELLED,
     REQUEST_ID_HEADER,
     TRANSPORT_HEADER,
@@ -121,9 +122,9 @@ class _ServerState:
             self.timings.popitem(last=False)
 
 
-def _json_response(status: int, message: str, code: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                 "code": code}}).encode()
+def _json_response(status: int, message: str, code: str | int, *,
+                   type_: str = "invalid_request_error") -> tuple[list[tuple[bytes, bytes]], bytes]:
+    body = json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}).encode()
     return [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())], body
 
 
@@ -153,6 +154,9 @@ class _Request:
         self.tail = b"\n\n"
         """The app's last bytes forwarded on a plain SSE response: a keep-alive may only go between messages."""
         self.keepalive: asyncio.TimerHandle | None = None
+        self.body_timer: asyncio.TimerHandle | None = None
+        self.body_at = 0.0
+        """When the last body chunk arrived (loop time): a body that stalls ``body_timeout`` gets a 408."""
 
     # ---- ASGI --------------------------------------------------------------------------------------------
     async def receive(self) -> dict[str, Any]:
@@ -164,6 +168,9 @@ class _Request:
         if self.keepalive is not None:
             self.keepalive.cancel()
             self.keepalive = None
+        if self.body_timer is not None:
+            self.body_timer.cancel()
+            self.body_timer = None
         if not self.disconnected:
             self.disconnected = True
             self.messages.put_nowait({"type": "http.disconnect"})
@@ -179,6 +186,11 @@ class _Request:
             self.conn.reject(self, 413, f"request body exceeds {limit} bytes", "request_too_large")
             return
         self.body_done = ended
+        if ended and self.body_timer is not None:
+            self.body_timer.cancel()
+            self.body_timer = None
+        elif data:
+            self.body_at = self.conn._loop.time()
         self.messages.put_nowait({"type": "http.request", "body": data, "more_body": not ended})
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -363,15 +375,48 @@ class Http3Connection(QuicConnectionProtocol):
                 request.request_id, route=scope["path"], transport="h3", codec="raw"))
             if event.stream_ended:
                 request.on_body(b"", True)
+            else:
+                self._arm_body_timer(request, self._loop.time())
             request.task = self._loop.create_task(request.run())
 
-    def reject(self, request: _Request, status: int, message: str, code: str) -> None:
+    def _arm_body_timer(self, request: _Request, now: float) -> None:
+        """Slowloris on the request side: a body with no new bytes for ``body_timeout`` seconds is refused.
+        One timer per request, moved on lazily (a chunk only records its arrival time)."""
+        timeout = self.state.config.body_timeout
+        if timeout > 0:
+            request.body_at = now
+            request.body_timer = self._loop.call_at(now + timeout, self._check_body, request)
+
+    def _check_body(self, request: _Request) -> None:
+        request.body_timer = None
+        if request.body_done or request.disconnected or request.finished or self._terminated:
+            return
+        timeout = self.state.config.body_timeout
+        due = request.body_at + timeout
+        if self._loop.time() < due:
+            request.body_timer = self._loop.call_at(due, self._check_body, request)
+            return
+        log.info("stream %d: no request body data for %.1f s: %s", request.stream_id, timeout,
+                 "cut" if request.started else "408")
+        request.body_done = True
+        self._stop_reading(request.stream_id, H3_REQUEST_CANCELLED if request.started else H3_NO_ERROR)
+        self.reject(request, 408, f"request body not received: no data for {timeout:g} s", 408,
+                    type_="request_timeout")
+
+    def _stop_reading(self, stream_id: int, code: int = H3_NO_ERROR) -> None:
+        """Ask the client to stop sending the request (RFC 9114 4.1: H3_NO_ERROR when the response is
+        complete without the rest of it)."""
+        with contextlib.suppress(Exception):  # the client may have closed its side already
+            self._quic.stop_stream(stream_id, code)
+
+    def reject(self, request: _Request, status: int, message: str, code: str | int, *,
+               type_: str = "invalid_request_error") -> None:
         """An error response before the app answered (or instead of it)."""
         if request.started or self._h3 is None or self._terminated:
             self._reset(request.stream_id, H3_REQUEST_CANCELLED)
         else:
             request.started = True
-            headers, body = _json_response(status, message, code)
+            headers, body = _json_response(status, message, code, type_=type_)
             if self._send_headers(request.stream_id, [(b":status", str(status).encode()), *headers]):
                 self._send_data(request.stream_id, body, True)
             self.transmit()
@@ -471,6 +516,9 @@ class Http3Connection(QuicConnectionProtocol):
             self._arm_keepalive(request)
         if not more:
             request.finished = True
+            if not request.body_done:  # answered before the whole request arrived: the rest is not wanted
+                request.body_done = True
+                self._stop_reading(request.stream_id)
             self.state.record(request.request_id, request.generated)
             if request.hooks is not None:
                 request.hooks.end("complete")
@@ -659,6 +707,10 @@ class Http3Connection(QuicConnectionProtocol):
                 request.drained.set()
 
     async def shutdown(self) -> None:
+        for request in self._requests.values():
+            if request.body_timer is not None:
+                request.body_timer.cancel()
+                request.body_timer = None
         tasks = [r.task for r in self._requests.values() if r.task is not None]
         for task in tasks:
             task.cancel()

@@ -72,10 +72,22 @@ def header_identity(scope: Scope) -> bytes:
     return b"\x01".join(sorted(parts))
 
 
-def identity_hash(scope: Scope, identity: IdentityFunction | None) -> str:
+def _identity(scope: Scope, identity: IdentityFunction | None) -> bytes:
     raw = header_identity(scope) if identity is None else identity(scope)
     if raw is None:
-        raw = b""
-    if isinstance(raw, str):
-        raw = raw.encode()
-    return hashlib.sha256(b"eloquent-owner\x00" + raw).hexdigest()
+        return b""
+    return raw.encode() if isinstance(raw, str) else raw
+
+
+def identity_hash(scope: Scope, identity: IdentityFunction | None) -> str:
+    return hashlib.sha256(b"eloquent-owner\x00" + _identity(scope, identity)).hexdigest()
+
+
+def client_key(scope: Scope, identity: IdentityFunction | None) -> str:
+    """Who a per-client limit counts against: the caller's identity (credentials, or ``identity(scope)``), and
+    for a caller without one the client address (``scope["client"]``: behind a proxy, the proxy's)."""
+    raw = _identity(scope, identity)
+    if raw:
+        return "id:" + hashlib.sha256(b"eloquent-owner\x00" + raw).hexdigest()
+    client = scope.get("client")
+    return "ip:" + (str(client[0]) if client else "unknown")

@@ -13,6 +13,8 @@ for byte, and requests with ``eloquent-transport: datagram`` are not touched at 
   OpenAI text deltas merged); a client that leaves and does not come back within ``resume_grace`` seconds still
   aborts the engine request, because the app is shown the client's ``http.disconnect`` then;
 * turns an exception from the app after the 200 into an in-band error event in the route's own format;
+* optionally bounds the live streams of one caller (``max_streams_per_client``: credentials, else client
+  address): one more gets ``429`` with ``Retry-After: 1`` and the app is shown the client as gone;
 * counts everything in Prometheus metrics, logs one correlation id per stream, calls the stream hooks.
 """
 
@@ -40,7 +42,16 @@ from ..resume.base import ResumeStore, StreamMeta
 from ..resume.local import LocalSource
 from .connection import Connection
 from .headers import is_event_stream, json_error, stream_headers
-from .ids import BadEventId, IdentityFunction, identity_hash, new_stream_id, new_token, parse_event_id, resume_request
+from .ids import (
+    BadEventId,
+    IdentityFunction,
+    client_key,
+    identity_hash,
+    new_stream_id,
+    new_token,
+    parse_event_id,
+    resume_request,
+)
 from .merge import merge_openai
 from .producer import Producer
 from .relay import ReceiveRelay
@@ -71,7 +82,7 @@ DEFAULT_CODEC_ROUTES: tuple[tuple[str, str], ...] = (
 MAX_LAG_EVENTS = 1024
 """A connected client this many events behind makes the app's ``send`` wait (bounded memory per stream)."""
 _PRIVATE_LOG_EVENTS = 4 * MAX_LAG_EVENTS
-_SSE, _PASS = 1, 2
+_SSE, _PASS, _REFUSED = 1, 2, 3
 
 
 class EloquentMiddleware:
@@ -106,6 +117,7 @@ class EloquentMiddleware:
         self.store = store if self.config.resume else None
         self.lease_ttl = max(1.0, min(self.config.resume_grace, 10.0))
         self._spans: dict[str, Any] = {}
+        self._client_streams: dict[str, int] = {}
         self._tracer = _otel_trace.get_tracer("eloquent_plugins.sse") if _otel_trace is not None else None
 
     # -- routing ---------------------------------------------------------------------------------------------
@@ -142,6 +154,27 @@ class EloquentMiddleware:
 
     def merge_for(self, codec: Codec) -> Callable[[list[bytes]], tuple[list[bytes], int]] | None:
         return merge_openai if self.config.merge_deltas and codec.name == "openai" else None
+
+    # -- per-client stream limit -----------------------------------------------------------------------------
+
+    @property
+    def client_streams(self) -> dict[str, int]:
+        """Live streams per client key (``ids.client_key``) while ``max_streams_per_client`` is set."""
+        return dict(self._client_streams)
+
+    def _take_slot(self, key: str) -> bool:
+        count = self._client_streams.get(key, 0)
+        if count >= self.config.max_streams_per_client:
+            return False
+        self._client_streams[key] = count + 1
+        return True
+
+    def _release_slot(self, key: str) -> None:
+        count = self._client_streams.get(key, 0) - 1
+        if count > 0:
+            self._client_streams[key] = count
+        else:
+            self._client_streams.pop(key, None)
 
     # -- resume ----------------------------------------------------------------------------------------------
 
@@ -267,7 +300,7 @@ class _Exchange:
     """One request through the middleware: pass-through, or the producer side of a new stream."""
 
     __slots__ = ("mw", "scope", "send", "relay", "mode", "started", "log", "producer", "conn", "token", "hooks",
-                 "info", "abandon", "span", "closing")
+                 "info", "abandon", "span", "closing", "slot")
 
     def __init__(self, mw: EloquentMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
         self.mw = mw
@@ -285,11 +318,16 @@ class _Exchange:
         self.abandon: asyncio.Task[None] | None = None
         self.span: Any = None
         self.closing = False
+        self.slot: str | None = None
+        """The client key this stream counts against (``max_streams_per_client``), until released."""
 
     async def run(self) -> None:
         try:
             await self.mw.app(self.scope, self.relay.receive, self.app_send)
         except Exception as exc:
+            if self.mode == _REFUSED:  # the 429 is out; the app failed on being told its client left
+                log.debug("refused stream: the app ended with %r", exc)
+                return
             if self.mode != _SSE or self.producer is None or self.producer.log.closed:
                 raise
             assert self.info is not None
@@ -298,8 +336,11 @@ class _Exchange:
             self.producer.fail(exc)
         finally:
             self.relay.close()
-            if self.mode == _SSE:
-                await self._finish()
+            try:
+                if self.mode == _SSE:
+                    await self._finish()
+            finally:
+                self._release_slot()
 
     async def app_send(self, message: Message) -> None:
         mode = self.mode
@@ -327,8 +368,14 @@ class _Exchange:
         if mode == _PASS:
             await self.send(message)
             return
+        if mode == _REFUSED:
+            return  # the 429 went out; the app is being told the client left
         if (message["type"] == "http.response.start" and message.get("status", 200) == 200
                 and is_event_stream(message.get("headers", ()))):
+            if not self._admit():
+                self.mode = _REFUSED
+                await self._refuse()
+                return
             self.mode = _SSE
             await self._start(message)
         else:
@@ -389,6 +436,34 @@ class _Exchange:
         self.relay.on_gone(self._client_gone)
         self.relay.watch()
 
+    def _admit(self) -> bool:
+        """Take a slot of this caller's ``max_streams_per_client`` (always True when unlimited)."""
+        mw = self.mw
+        if not mw.config.max_streams_per_client:
+            return True
+        key = client_key(self.scope, mw.identity)
+        if not mw._take_slot(key):
+            return False
+        self.slot = key
+        return True
+
+    def _release_slot(self) -> None:
+        """Idempotent: the stream ended, or its client left (a resume is not counted again)."""
+        if self.slot is not None:
+            key, self.slot = self.slot, None
+            self.mw._release_slot(key)
+
+    async def _refuse(self) -> None:
+        mw = self.mw
+        limit = mw.config.max_streams_per_client
+        mw.metrics.streams_refused += 1
+        log.info("stream refused: %s %s: the caller already holds %d live streams", self.scope.get("method"),
+                 self.scope.get("path"), limit)
+        self.relay.disconnect()  # the app sees its client gone and stops generating
+        status, headers, body = json_error(429, f"too many concurrent streams: at most {limit} per client; retry "
+                                           "when one of them has ended", "rate_limit_exceeded", type_="requests")
+        await _respond(self.send, status, [*headers, (b"retry-after", b"1")], body)
+
     def _connection_done(self, task: asyncio.Task[str]) -> None:
         if self.conn is not None and self.conn.timed_out:
             assert self.info is not None
@@ -397,6 +472,7 @@ class _Exchange:
             self.relay.disconnect()
 
     def _client_gone(self) -> None:
+        self._release_slot()
         if self.conn is not None:
             self.conn.disconnect()
         if self.token is not None and self.log is not None and not self.log.closed and self.abandon is None:

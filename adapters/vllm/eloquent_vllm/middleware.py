@@ -53,7 +53,12 @@ class VllmStreamMiddleware:
         if settings.config is None:  # transport "none" named explicitly: stay out of the way
             self._inner = self.app
         else:
-            self._inner = sse_middleware_class()(self.app, config=settings.config)
+            from eloquent_plugins.http_timeouts import BodyTimeoutMiddleware
+
+            # Outermost, as in ``eloquent serve``: a trickled request body is cut before vLLM parses it. vLLM runs
+            # its own uvicorn, so the header-read timeout (a uvicorn protocol class) cannot be installed here.
+            inner = sse_middleware_class()(self.app, config=settings.config)
+            self._inner = BodyTimeoutMiddleware(inner, settings.config.body_timeout)
         self._settings = settings
         return settings
 

@@ -1,0 +1,208 @@
+"""Request-side timeouts for HTTP/1.1: slowloris clients that trickle a request's headers or body are cut.
+
+Two pieces, because the two halves of a request are read in different places:
+
+* ``header_timeout_protocol(seconds)``: a uvicorn h11 protocol class (``uvicorn.Config(http=...)``). uvicorn has
+  no header-read timeout, so a client that sends one byte of its request line every few seconds holds a
+  connection forever. Here a connection must deliver a complete request line and headers within ``seconds`` of
+  opening, or of the first byte it sends after a response (the idle gap between two requests is uvicorn's own
+  ``timeout_keep_alive`` rule, which this one does not shorten). Late: ``408`` with a JSON body and
+  ``Connection: close`` when nothing of that exchange was sent yet, then the connection is closed.
+* ``BodyTimeoutMiddleware``: an ASGI middleware. While the request body is incomplete, an app that waits longer
+  than ``timeout`` seconds for its next chunk gets ``http.disconnect`` (so it stops, and the engine never starts
+  a request for a body it has not got); the client gets ``408`` (JSON, ``Connection: close``) if the response
+  had not started. Anything the app sends afterwards is dropped.
+
+The HTTP/3 front end enforces its body timeout itself (``quic/server.py``: ``_Request``); QUIC handshakes and
+idle connections are bounded by the QUIC idle timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from functools import lru_cache
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+log = logging.getLogger("eloquent_plugins.http")
+
+_DISCONNECT: dict[str, Any] = {"type": "http.disconnect"}
+
+
+def request_timeout_body(message: str) -> bytes:
+    """The ``408`` body, in the OpenAI error shape the rest of the package answers with."""
+    return json.dumps({"error": {"message": message, "type": "request_timeout", "param": None,
+                                 "code": 408}}).encode()
+
+
+def _timeout_headers(body: bytes) -> list[tuple[bytes, bytes]]:
+    return [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"cache-control", b"no-store"), (b"connection", b"close")]
+
+
+# -- headers (uvicorn h11) --------------------------------------------------------------------------------------
+
+
+class HeaderTimeoutH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on reading each request's line and headers.
+
+    Use ``header_timeout_protocol(seconds)`` for a class with another deadline; this one has 30 s.
+    """
+
+    header_timeout: float = 30.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    # The timer runs while the connection holds no request the app is working on and bytes are due: from the
+    # connection opening, and from the first byte after a response (a new request, or the rest of a body the
+    # app answered early). It stops as soon as h11 has parsed a request's headers.
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._header_timer is None and not self._serving():
+            self._arm_header_timer()
+        super().data_received(data)
+        if self._serving() or self.transport.is_closing():
+            self._cancel_header_timer()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # may parse a pipelined request already buffered
+        if self.transport.is_closing() or self._serving():
+            self._cancel_header_timer()
+        elif self._header_timer is None and self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
+            self._arm_header_timer()  # part of the next request is already here: its headers are due now
+        # otherwise the connection is idle: uvicorn's keep-alive timer (armed by super()) decides
+
+    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+        self._cancel_header_timer()  # the websocket protocol takes the transport over
+        super().handle_websocket_upgrade(event)
+
+    def _serving(self) -> bool:
+        """A request's headers are in and its response is not complete: the app owns the connection now."""
+        cycle = self.cycle
+        return cycle is not None and not cycle.response_complete and self.conn.their_state is not h11.IDLE
+
+    def _arm_header_timer(self) -> None:
+        timeout = self.header_timeout
+        if timeout > 0 and self.transport is not None and not self.transport.is_closing():
+            self._cancel_header_timer()
+            self._header_timer = self.loop.call_later(timeout, self._header_timed_out)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timed_out(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or self._serving():
+            return
+        client = f"{self.client[0]}:{self.client[1]}" if self.client else "client"
+        if self.conn.our_state is h11.IDLE and self.conn.their_state is h11.IDLE:
+            log.info("%s sent no complete request headers within %.1fs: 408, connection closed", client,
+                     self.header_timeout)
+            body = request_timeout_body(f"request headers not received within {self.header_timeout:g} s")
+            head = [b"HTTP/1.1 408 Request Timeout\r\n"]
+            for name, value in [*self.server_state.default_headers, *_timeout_headers(body)]:
+                head += [name, b": ", value, b"\r\n"]
+            head.append(b"\r\n")
+            self.transport.write(b"".join(head) + body)
+        else:  # the rest of a body whose response already went out: nothing more to say
+            log.info("%s still sending a request body %.1fs after its response: connection closed", client,
+                     self.header_timeout)
+        self.transport.close()
+
+
+@lru_cache(maxsize=32)
+def header_timeout_protocol(seconds: float) -> type[HeaderTimeoutH11Protocol]:
+    """The protocol class for ``uvicorn.Config(http=...)`` with a ``seconds`` header deadline (0: none)."""
+    if not seconds >= 0:
+        raise ValueError(f"header timeout must be >= 0, got {seconds}")
+    return type("HeaderTimeoutH11Protocol", (HeaderTimeoutH11Protocol,), {"header_timeout": float(seconds)})
+
+
+# -- bodies (ASGI) ----------------------------------------------------------------------------------------------
+
+
+class BodyTimeoutMiddleware:
+    """``408`` and ``http.disconnect`` for a request body that stalls for ``timeout`` seconds (0: off)."""
+
+    def __init__(self, app: ASGIApp, timeout: float = 30.0) -> None:
+        if not timeout >= 0:
+            raise ValueError(f"body timeout must be >= 0, got {timeout}")
+        self.app = app
+        self.timeout = timeout
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.timeout:
+            await self.app(scope, receive, send)
+            return
+        exchange = _BodyDeadline(self.timeout, scope, receive, send)
+        await self.app(scope, exchange.receive, exchange.send)
+
+
+class _BodyDeadline:
+    __slots__ = ("_receive", "_send", "body_done", "scope", "started", "timed_out", "timeout")
+
+    def __init__(self, timeout: float, scope: Scope, receive: Receive, send: Send) -> None:
+        self.timeout = timeout
+        self.scope = scope
+        self._receive = receive
+        self._send = send
+        self.body_done = False
+        self.started = False
+        self.timed_out = False
+
+    async def receive(self) -> Message:
+        if self.timed_out:
+            return dict(_DISCONNECT)
+        if self.body_done:
+            return await self._receive()  # only the disconnect is left to wait for: no deadline
+        try:
+            async with asyncio.timeout(self.timeout):
+                message = await self._receive()
+        except TimeoutError:
+            return await self._expire()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self.body_done = True
+        return message
+
+    async def send(self, message: Message) -> None:
+        if self.timed_out:
+            return  # our 408 answered (or the client was cut): the app's own response goes nowhere
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)
+
+    async def _expire(self) -> Message:
+        self.timed_out = True
+        client = self.scope.get("client")
+        who = f"{client[0]}:{client[1]}" if client else "client"
+        log.info("%s %s %s: no request body data for %.1fs: %s", who, self.scope.get("method"),
+                 self.scope.get("path"), self.timeout, "cut" if self.started else "408")
+        if not self.started:
+            self.started = True
+            body = request_timeout_body(f"request body not received: no data for {self.timeout:g} s")
+            await self._send({"type": "http.response.start", "status": 408, "headers": _timeout_headers(body)})
+            await self._send({"type": "http.response.body", "body": body, "more_body": False})
+        return dict(_DISCONNECT)
