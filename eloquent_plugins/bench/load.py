@@ -44,9 +44,9 @@ class LoadConfig:
     """Seconds the full load is held, after the ramp."""
     ramp: float = 20.0
     """Seconds over which the stream slots open, evenly spread."""
-    tpot: float = 0.25
+    tpot: float = 0.5
     ttft: float = 0.2
-    max_tokens: int = 120
+    max_tokens: int = 60
     resume_ttl: float = 30.0
     """The server's ``ELOQUENT_RESUME_TTL``: finished streams stay in the replay store this long."""
     sample_interval: float = 2.0
@@ -128,10 +128,40 @@ def _delta(data: str) -> tuple[str | None, bool]:
 # -- SSE load process -----------------------------------------------------------------------------------------
 
 
+class _SSECheck:
+    """Reads one SSE response as its body pieces arrive: times each content event, keeps the text."""
+
+    def __init__(self, tally: Tally) -> None:
+        from ..sse.parser import SSEParser
+
+        self.tally = tally
+        self.parser = SSEParser()
+        self.text: list[str] = []
+        self.done = self.failed = False
+        self.last: float | None = None
+        self.start = time.monotonic()
+
+    def on_piece(self, result: Any, piece: bytes) -> None:
+        if result.status != 200:
+            return
+        for message in self.parser.feed(piece):
+            if message.data == "[DONE]":
+                self.done = True
+            elif message.data:
+                delta, error = _delta(message.data)
+                if error:
+                    self.failed = True
+                    self.tally.error("in-band error event", message.data)
+                elif delta:
+                    now = time.monotonic()
+                    self.tally.event(now, self.last, self.start)
+                    self.last = now
+                    self.text.append(delta)
+
+
 async def _sse_slot(slot: int, cfg: LoadConfig, port: int, expected: dict[str, str], tally: Tally,
                     stop: asyncio.Event, active: list[int]) -> None:
-    from ..sse.parser import SSEParser
-    from .lighthttp import Connection, ResponseError, Result
+    from .lighthttp import Connection, ResponseError
 
     prompts = list(expected)
     # A stream takes about stream_seconds; read_timeout more than that means it stalled.
@@ -145,39 +175,20 @@ async def _sse_slot(slot: int, cfg: LoadConfig, port: int, expected: dict[str, s
             body = json.dumps(_chat_body(prompt, cfg.max_tokens, True)).encode()
             tally.started += 1
             active[0] += 1
-            parser = SSEParser()
-            text: list[str] = []
-            state = {"done": False, "failed": False, "last": None}
-            start = time.monotonic()
-
-            def on_piece(result: Result, piece: bytes) -> None:
-                if result.status != 200:
-                    return
-                for message in parser.feed(piece):
-                    if message.data == "[DONE]":
-                        state["done"] = True
-                    elif message.data:
-                        delta, error = _delta(message.data)
-                        if error:
-                            state["failed"] = True
-                            tally.error("in-band error event", message.data)
-                        elif delta:
-                            now = time.monotonic()
-                            tally.event(now, state["last"], start)  # type: ignore[arg-type]
-                            state["last"] = now
-                            text.append(delta)
+            check = _SSECheck(tally)
 
             try:
                 result = await conn.request("POST", "/v1/chat/completions", body, headers, tail=1000,
-                                            on_piece=on_piece)
+                                            on_piece=check.on_piece)
+                text = "".join(check.text)
                 if result.status != 200:
                     tally.error(f"HTTP {result.status}", result.body.decode(errors="replace"))
-                elif state["failed"]:
+                elif check.failed:
                     pass
-                elif not state["done"]:
+                elif not check.done:
                     tally.error("stream ended without [DONE]")
-                elif "".join(text) != expected[prompt]:
-                    tally.error("text differs from the non-streamed answer", "".join(text)[:200])
+                elif text != expected[prompt]:
+                    tally.error("text differs from the non-streamed answer", text[:200])
                 else:
                     tally.completed += 1
             except asyncio.CancelledError:
@@ -300,8 +311,8 @@ async def _worker_main(kind: str, cfg: LoadConfig, port: int, udp_port: int, exp
     for client in clients:
         try:
             await asyncio.wait_for(client.aclose(), 5)
-        except (Exception, asyncio.TimeoutError):  # noqa: BLE001 - closing at the end must not lose the figures
-            pass
+        except Exception as exc:  # noqa: BLE001 - closing at the end must not lose the figures
+            print(f"closing an HTTP/3 client: {exc!r}", file=sys.stderr)
     pipe.send(tally.final())
 
 
@@ -338,13 +349,13 @@ def start_server(cfg: LoadConfig, log_path: str) -> tuple[subprocess.Popen[bytes
     """``eloquent serve`` with the built-in engine on free TCP/UDP ports; returns once ``/health`` answers."""
     import httpx
 
+    _raise_nofile()  # inherited by the server: 1000+ connections
     port, udp = _free_port(), _free_udp_port()
     cmd = [sys.executable, "-m", "eloquent_plugins.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--eloquent-port", str(udp), "--tpot", str(cfg.tpot), "--ttft", str(cfg.ttft), "--log-level", "warning"]
     env = {**os.environ, "ELOQUENT_RESUME_TTL": str(cfg.resume_ttl)}
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                preexec_fn=_raise_nofile)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -8,7 +8,8 @@ import importlib
 BENCHES = {
     "sim": "stall ratio of Eloquent vs retransmission, duplication and the oracle in the network simulator",
     "e2e": "the same comparison end to end over real QUIC through the lossy relay",
-    "overhead": "events/s and CPU per event through the middleware vs the bare app and sse-starlette",
+    "overhead": "events/s and CPU per event through the middleware vs the bare app and sse-starlette; with "
+                "--vllm/--target: streamed vs non-streamed tokens/s of a live server, with and without the plugin",
     "load": "many concurrent SSE and HTTP/3 streams: memory, throughput, p99 gap, errors",
 }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 
 from .config import EngineConfig
 from .controls import EngineControls
@@ -60,16 +60,21 @@ class Engine:
         """The tokens ``generate`` would yield without stop strings, computed instantly (for tests/benchmarks)."""
         return list(self._plan(prompt, max_tokens, seed))
 
-    def _plan(self, prompt: str, max_tokens: int, seed: int | None) -> list[Token]:
+    def _plan(self, prompt: str, max_tokens: int, seed: int | None) -> Iterator[Token]:
+        """The tokens of a generation, made one at a time: a server holding thousands of streams keeps one
+        ``Token`` per stream alive instead of whole plans (fewer objects for every garbage collection to scan)."""
         c = self.corpus
         size = len(c)
         start = c.sentence_starts[stable_hash(prompt, seed) % len(c.sentence_starts)]
-        out = [Token(c.bare_ids[start], c.bare_texts[start], 0)]
         texts, ids = c.texts, c.ids
-        out.extend(Token(ids[(start + i) % size], texts[(start + i) % size], i) for i in range(1, max_tokens))
-        last = out[-1]
-        out[-1] = Token(last.id, last.text, last.index, "length")
-        return out
+        last = max_tokens - 1
+        for i in range(max_tokens):
+            finish = "length" if i == last else None
+            if i == 0:
+                yield Token(c.bare_ids[start], c.bare_texts[start], 0, finish)
+            else:
+                j = (start + i) % size
+                yield Token(ids[j], texts[j], i, finish)
 
     async def generate(
         self,
