@@ -102,7 +102,7 @@ def encode_packet(packet: Packet) -> bytes:
     if isinstance(packet, DataPacket):
         return _encode_data(packet)
     if isinstance(packet, AckPacket):
-        delay_us = min(MAX_VARINT, max(0, int(packet.ack_delay * 1_000_000)))
+        delay_us = min(MAX_VARINT, max(0, round(packet.ack_delay * 1_000_000)))
         return b"".join((bytes((VERSION, PacketType.ACK)), encode_varint(packet.stream_id),
                          encode_varint(packet.next_expected), encode_varint(packet.largest_packet_number),
                          encode_varint(delay_us)))

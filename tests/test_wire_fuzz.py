@@ -87,3 +87,11 @@ def test_sender_raises_only_protocol_errors(datagrams: list[bytes], pushed: int)
             pass
         sender.datagrams_to_send(0.1 * i)
     assert sender.acked <= pushed
+
+
+def test_ack_delay_survives_a_round_trip_exactly() -> None:
+    """Found by hypothesis in CI: 15964 us decodes to 0.015964 s, whose float times 1e6 is 15963.999...; encoding
+    truncated it to 15963, so a re-encoded ack differed from the one received."""
+    for us in (15964, 1, 7, 999_999, 123_456_789, 2**40 + 1):
+        packet = AckPacket(0, 0, 0, us / 1_000_000)
+        assert decode_packet(encode_packet(packet)) == packet
