@@ -102,4 +102,4 @@ def test_load_client_counts_a_wrong_text_as_an_error(tmp_path) -> None:
         good = asyncio.run(asyncio.wait_for(once({prompt: expected[prompt]}), 30))
         assert good.completed >= 3 and not good.errors
     finally:
-        load._stop_server(proc)
+        load.stop_server(proc)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ import pytest
 from eloquent_client import EloquentClient
 
 from eloquent_plugins.sse.parser import SSEParser
-from tests.support.servers import free_port, wait_for_port
+from tests.support.servers import eloquent_serve, free_port
 from tests.support.tgi_server import create_tgi_server, run_in_thread
 
 ELOQUENT = str(Path(sys.executable).with_name("eloquent"))
@@ -27,22 +26,9 @@ CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 12, "s
 
 @contextlib.contextmanager
 def serve(*args: str) -> Iterator[int]:
-    """``eloquent serve ARGS --port P`` in a subprocess from a temp dir; yields P once it listens."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ELOQUENT_")}
-    proc = subprocess.Popen([ELOQUENT, "serve", "--port", str(port), "--keepalive", "1", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd="/tmp")
-    try:
-        wait_for_port(port, timeout=60, proc=proc)
+    """``eloquent serve --keepalive 1 ARGS``; yields its port."""
+    with eloquent_serve("--keepalive", "1", *args) as port:
         yield port
-    finally:
-        proc.terminate()
-        try:
-            out, _ = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        print(out.decode(errors="replace")[-3000:])
 
 
 def sse_datas(body: bytes) -> list[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -33,7 +32,7 @@ from eloquent_plugins.http_timeouts import (
 from eloquent_plugins.quic import start_http3_server
 from eloquent_plugins.sse.ids import client_key
 from eloquent_plugins.sse.middleware import EloquentMiddleware
-from tests.support.servers import free_port, wait_for_port
+from tests.support.servers import eloquent_serve
 
 ELOQUENT = str(Path(sys.executable).with_name("eloquent"))
 MODELS = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
@@ -47,23 +46,10 @@ def chat(max_tokens: int = 4, *, stream: bool = True) -> dict[str, Any]:
 def port() -> Iterator[int]:
     """``eloquent serve`` with 1 s header and body timeouts and one live stream per client (uvicorn's own
     keep-alive timeout stays at its default, 5 s)."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ELOQUENT_")}
-    proc = subprocess.Popen([ELOQUENT, "serve", "--port", str(port), "--stream-transport", "sse",
-                             "--header-timeout", "1", "--body-timeout", "1", "--max-streams-per-client", "1",
-                             "--ttft", "0.05", "--tpot", "0.03", "--log-level", "warning"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd="/tmp")
-    try:
-        wait_for_port(port, timeout=60, proc=proc)
+    with eloquent_serve("--stream-transport", "sse", "--header-timeout", "1", "--body-timeout", "1",
+                        "--max-streams-per-client", "1", "--ttft", "0.05", "--tpot", "0.03",
+                        "--log-level", "warning") as port:
         yield port
-    finally:
-        proc.terminate()
-        try:
-            out, _ = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        print(out.decode(errors="replace")[-3000:])
 
 
 async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:

@@ -31,6 +31,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .procs import free_port, stop_process, wait_healthy
+
 MODEL = "eloquent-builtin"
 PROMPTS = 32
 
@@ -319,18 +321,6 @@ async def _worker_main(kind: str, cfg: LoadConfig, port: int, udp_port: int, exp
 # -- the server and what the parent samples ---------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _rss_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -347,38 +337,20 @@ def _cpu_seconds(pid: int) -> float:
 
 def start_server(cfg: LoadConfig, log_path: str) -> tuple[subprocess.Popen[bytes], int, int]:
     """``eloquent serve`` with the built-in engine on free TCP/UDP ports; returns once ``/health`` answers."""
-    import httpx
-
     _raise_nofile()  # inherited by the server: 1000+ connections
-    port, udp = _free_port(), _free_udp_port()
+    port, udp = free_port(), free_port(socket.SOCK_DGRAM)
     cmd = [sys.executable, "-m", "eloquent_plugins.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--eloquent-port", str(udp), "--tpot", str(cfg.tpot), "--ttft", str(cfg.ttft), "--log-level", "warning"]
     env = {**os.environ, "ELOQUENT_RESUME_TTL": str(cfg.resume_ttl)}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            with open(log_path, errors="replace") as f:
-                raise RuntimeError(f"eloquent serve exited with {proc.returncode}:\n{f.read()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc, port, udp
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise TimeoutError(f"eloquent serve did not answer /health within 60 s (log: {log_path})")
+    wait_healthy(proc, f"http://127.0.0.1:{port}/health", timeout=60, log_path=log_path, what="eloquent serve",
+                 interval=0.2)
+    return proc, port, udp
 
 
-def _stop_server(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    stop_process(proc, signal.SIGINT, grace=15)
 
 
 def _expected_texts(port: int, cfg: LoadConfig) -> dict[str, str]:
@@ -507,7 +479,7 @@ def run_load(cfg: LoadConfig, *, log_path: str, progress: bool = True) -> dict[s
         for _, worker, _ in workers:
             if worker.is_alive():
                 worker.kill()
-        _stop_server(proc)
+        stop_server(proc)
     return summarize(cfg, samples, finals, idle_rss=idle_rss, drained_rss=drained_rss, cpu_seconds=cpu_load,
                      wall=wall, engine=stats, t0=t0)
 

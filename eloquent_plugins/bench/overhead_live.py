@@ -49,6 +49,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from . import lighthttp
+from .procs import free_port, stop_process, wait_healthy
 
 TAIL_BYTES = 4096
 """Bytes kept from the end of a stream: the usage chunk and ``data: [DONE]`` are in there."""
@@ -418,22 +419,12 @@ def vllm_python(arg: str | None) -> str:
     return sys.executable
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_vllm(python: str, model: str, flags: list[str], extra: list[str], log_path: str, timeout: float, *,
                cpus: set[int] | None = None) -> tuple[subprocess.Popen[bytes], str]:
     """``python -m eloquent_vllm.serve MODEL`` (vLLM's ``serve`` plus our flags; without them, vLLM unchanged)
     on a free port, from a temporary directory, optionally confined to ``cpus`` (its processes inherit that;
     vLLM's CPU backend binds its OpenMP threads within it); returns once ``/health`` answers."""
-    import httpx
-
-    port = _free_port()
+    port = free_port()
     if os.path.exists(model):  # a local model folder: vLLM runs from a temporary directory
         model = os.path.abspath(model)
     cmd = [python, "-m", "eloquent_vllm.serve", model, "--host", "127.0.0.1", "--port", str(port), *extra, *flags]
@@ -448,29 +439,12 @@ def start_vllm(python: str, model: str, flags: list[str], extra: list[str], log_
         proc = subprocess.Popen(cmd, cwd=tempfile.gettempdir(), env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            with open(log_path, errors="replace") as f:
-                raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{f.read()[-3000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    stop(proc)
-    raise TimeoutError(f"vLLM not ready after {timeout:.0f} s (log: {log_path})")
+    wait_healthy(proc, url + "/health", timeout=timeout, log_path=log_path, what="vLLM", interval=1.0)
+    return proc, url
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
+    stop_process(proc, signal.SIGTERM, grace=60)
 
 
 VLLM_TITLES = {"plugin streamed": "plugin: streamed / non-streamed",

@@ -38,6 +38,28 @@ def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen[Any] 
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
 
 
+@contextlib.contextmanager
+def eloquent_serve(*args: str) -> Iterator[int]:
+    """``eloquent serve --port P ARGS`` as a user runs it: a subprocess from a temp dir, without the caller's
+    ``ELOQUENT_*`` variables; yields P once it listens, prints the tail of its output on exit."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ELOQUENT_")}
+    eloquent = str(Path(sys.executable).with_name("eloquent"))
+    proc = subprocess.Popen([eloquent, "serve", "--port", str(port), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=tempfile.gettempdir())
+    try:
+        wait_for_port(port, timeout=60, proc=proc)
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            out, _ = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        print(out.decode(errors="replace")[-3000:])
+
+
 class UvicornThread:
     """An ASGI app served by a real uvicorn in a background thread (its own event loop)."""
 

@@ -1,0 +1,48 @@
+"""Servers the benchmarks start in their own processes: free ports, waiting for health, stopping."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    """A free 127.0.0.1 port (TCP by default, ``socket.SOCK_DGRAM`` for UDP)."""
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_healthy(proc: subprocess.Popen[bytes], url: str, *, timeout: float, log_path: str, what: str,
+                 interval: float = 0.5) -> None:
+    """Return once ``GET url`` answers 200; raise with the log's tail if ``proc`` exits, or after ``timeout``
+    seconds (the process is stopped then)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            with open(log_path, errors="replace") as f:
+                raise RuntimeError(f"{what} exited with {proc.returncode}:\n{f.read()[-3000:]}")
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(interval)
+    stop_process(proc)
+    raise TimeoutError(f"{what} not ready after {timeout:.0f} s (log: {log_path})")
+
+
+def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, grace: float = 60.0) -> None:
+    """``sig``, then SIGKILL to its whole process group (started with ``start_new_session``) after ``grace``."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
