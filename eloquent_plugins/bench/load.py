@@ -592,9 +592,11 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
     cfg = LoadConfig(sse_streams=args.sse, h3_streams=args.h3, h3_connections=args.h3_connections,
                      duration=args.duration, ramp=args.ramp, tpot=args.tpot, ttft=args.ttft,
                      max_tokens=args.max_tokens, resume_ttl=args.resume_ttl, sample_interval=args.sample_interval)
-    for name in ("sse_streams", "h3_streams", "duration", "ramp", "tpot", "ttft", "resume_ttl"):
-        if getattr(cfg, name) < 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0")
+    flags = {"sse_streams": "--sse", "h3_streams": "--h3", "duration": "--duration", "ramp": "--ramp",
+             "tpot": "--tpot", "ttft": "--ttft", "resume_ttl": "--resume-ttl"}
+    for name, flag in flags.items():
+        if not getattr(cfg, name) >= 0:  # also refuses NaN
+            raise ConfigError(f"{flag} must be >= 0, got {getattr(cfg, name)}")
     if cfg.max_tokens < 1 or cfg.h3_connections < 1 or cfg.sample_interval <= 0:
         raise ConfigError("--max-tokens and --h3-connections must be >= 1")
     if cfg.sse_streams + cfg.h3_streams == 0:
