@@ -130,8 +130,9 @@ def _delta(data: str) -> tuple[str | None, bool]:
 # -- SSE load process -----------------------------------------------------------------------------------------
 
 
-class _SSECheck:
-    """Reads one SSE response as its body pieces arrive: times each content event, keeps the text."""
+class _StreamCheck:
+    """One stream as a client reads it, SSE or HTTP/3: times each content event, keeps the text, and gives the
+    verdict (completed, or which error) into the tally."""
 
     def __init__(self, tally: Tally) -> None:
         from ..sse.parser import SSEParser
@@ -144,21 +145,40 @@ class _SSECheck:
         self.start = time.monotonic()
 
     def on_piece(self, result: Any, piece: bytes) -> None:
+        """``lighthttp``'s body callback: the SSE messages in ``piece``, each timed as it arrives."""
         if result.status != 200:
             return
         for message in self.parser.feed(piece):
-            if message.data == "[DONE]":
+            self.on_data(message.data, time.monotonic())
+
+    def on_data(self, data: str, now: float, *, error: bool = False) -> None:
+        """One event's data; ``error``: the transport already marked it an in-band error."""
+        if not error:
+            if data == "[DONE]":
                 self.done = True
-            elif message.data:
-                delta, error = _delta(message.data)
-                if error:
-                    self.failed = True
-                    self.tally.error("in-band error event", message.data)
-                elif delta:
-                    now = time.monotonic()
-                    self.tally.event(now, self.last, self.start)
-                    self.last = now
-                    self.text.append(delta)
+            if not data or data == "[DONE]":
+                return
+        delta, in_band = (None, True) if error else _delta(data)
+        if in_band:
+            self.failed = True
+            self.tally.error("in-band error event", data)
+        elif delta:
+            self.tally.event(now, self.last, self.start)
+            self.last = now
+            self.text.append(delta)
+
+    def verdict(self, expected: str, *, need_done: bool) -> None:
+        """An in-band error was counted already; else a missing ``[DONE]`` (where the transport sends one) or a
+        text other than the non-streamed answer is an error, and anything else a completed stream."""
+        text = "".join(self.text)
+        if self.failed:
+            return
+        if need_done and not self.done:
+            self.tally.error("stream ended without [DONE]")
+        elif text != expected:
+            self.tally.error("text differs from the non-streamed answer", text[:200])
+        else:
+            self.tally.completed += 1
 
 
 async def _sse_slot(slot: int, cfg: LoadConfig, port: int, expected: dict[str, str], tally: Tally,
@@ -177,22 +197,15 @@ async def _sse_slot(slot: int, cfg: LoadConfig, port: int, expected: dict[str, s
             body = json.dumps(_chat_body(prompt, cfg.max_tokens, True)).encode()
             tally.started += 1
             active[0] += 1
-            check = _SSECheck(tally)
+            check = _StreamCheck(tally)
 
             try:
                 result = await conn.request("POST", "/v1/chat/completions", body, headers, tail=1000,
                                             on_piece=check.on_piece)
-                text = "".join(check.text)
                 if result.status != 200:
                     tally.error(f"HTTP {result.status}", result.body.decode(errors="replace"))
-                elif check.failed:
-                    pass
-                elif not check.done:
-                    tally.error("stream ended without [DONE]")
-                elif text != expected[prompt]:
-                    tally.error("text differs from the non-streamed answer", text[:200])
                 else:
-                    tally.completed += 1
+                    check.verdict(expected[prompt], need_done=True)
             except asyncio.CancelledError:
                 tally.cancelled += 1
                 raise
@@ -220,34 +233,14 @@ async def _h3_slot(slot: int, cfg: LoadConfig, client: Any, expected: dict[str, 
         i += 1
         tally.started += 1
         active[0] += 1
-        text: list[str] = []
-        last: float | None = None
-        failed = False
-        start = time.monotonic()
+        check = _StreamCheck(tally)
         try:
             async with client.stream("POST", "/v1/chat/completions",
                                      json=_chat_body(prompt, cfg.max_tokens, True)) as resp:
                 async for event in resp.events():
-                    if event.kind == "error":
-                        failed = True
-                        tally.error("in-band error event", event.data)
-                        continue
-                    if not event.data or event.data == "[DONE]":
-                        continue
-                    delta, error = _delta(event.data)
-                    if error:
-                        failed = True
-                        tally.error("in-band error event", event.data)
-                    elif delta:
-                        tally.event(event.rendered_at, last, start)
-                        last = event.rendered_at
-                        text.append(delta)
-            if failed:
-                pass
-            elif "".join(text) != expected[prompt]:
-                tally.error("text differs from the non-streamed answer", "".join(text)[:200])
-            else:
-                tally.completed += 1
+                    check.on_data(event.data, event.rendered_at, error=event.kind == "error")
+            # The reliable trailer (event count + digest) proves completeness here: no [DONE] needed.
+            check.verdict(expected[prompt], need_done=False)
         except asyncio.CancelledError:
             tally.cancelled += 1
             raise
