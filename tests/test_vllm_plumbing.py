@@ -384,7 +384,12 @@ def _abandon_long_stream(server: VllmServer) -> tuple[dict[str, float], dict[str
         data = (line for line in response.iter_lines() if line.startswith("data:"))
         for _ in range(3):
             next(data)
-        assert server.metrics()["vllm:num_requests_running"] == 1
+        # The gauge is set from the stats that ride on the engine's step outputs, so one read can still show an
+        # earlier step; wait (bounded) for it to show this request running before hanging up.
+        deadline = time.monotonic() + 30
+        while (running := server.metrics()["vllm:num_requests_running"]) != 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert running == 1, f"the long request is not running before the disconnect:\n{server.log_tail()}"
     # Leaving the block closed the connection mid-stream.
     deadline = time.monotonic() + 300  # a guard only: an abort frees the request within a step or two
     while server.metrics()["vllm:num_requests_running"] != 0:
