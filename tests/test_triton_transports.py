@@ -22,7 +22,6 @@ import contextlib
 import importlib.metadata
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,8 +41,9 @@ from eloquent_plugins.netem import PathConfig
 from eloquent_plugins.relay import RelayConfig, start_relay
 from eloquent_plugins.sse.middleware import EloquentMiddleware
 from eloquent_plugins.sse.parser import SSEMessage, SSEParser
-from tests.support.servers import UvicornThread, free_port, wait_for_port
+from tests.support.servers import UvicornThread, free_port, nginx_routes, wait_for_port
 from tests.support.triton_models import (
+    UPSTREAM_KINDS,
     REPO_ROOT,
     TritonServerProcess,
     error_after_message,
@@ -52,24 +52,15 @@ from tests.support.triton_models import (
 
 pytestmark = pytest.mark.triton
 
-KINDS = ("http", "grpc")
+KINDS = UPSTREAM_KINDS
 # A hang guard, not a timing assertion: how long a test waits for something that must happen.
 HANG_GUARD_S = 60.0
 
 
 @pytest.fixture(scope="module")
 def triton() -> Iterator[TritonServerProcess]:
-    server = TritonServerProcess()
-    server.start()  # raises TritonStartError, with the server log, if Triton does not come up
-    try:
+    with TritonServerProcess() as server:  # fails every test here, with Triton's log, if it does not start
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(server.state_dir, ignore_errors=True)
-
-
-def upstream_url(triton: TritonServerProcess, kind: str) -> str:
-    return triton.http_url if kind == "http" else triton.grpc_url
 
 
 def wrapped_gateway(upstream: str, config: StreamConfig) -> Any:
@@ -89,72 +80,6 @@ def triton_text(events: list[ClientEvent]) -> str:
 
 
 # --------------------------------------------------------------------------- 1. behind nginx
-
-NGINX_CONF = """
-worker_processes 1;
-daemon off;
-{user}
-error_log {tmp}/error.log warn;
-pid {tmp}/nginx.pid;
-events {{ worker_connections 64; }}
-http {{
-    access_log off;
-    client_body_temp_path {tmp}/client_body;
-    proxy_temp_path {tmp}/proxy;
-    fastcgi_temp_path {tmp}/fastcgi;
-    uwsgi_temp_path {tmp}/uwsgi;
-    scgi_temp_path {tmp}/scgi;
-    proxy_http_version 1.1;
-    proxy_set_header Connection "";
-    proxy_read_timeout 3s;
-    server {{
-        listen 127.0.0.1:{port};
-{locations}
-    }}
-}}
-"""
-
-
-@dataclass(frozen=True)
-class Nginx:
-    url: str
-    error_log: Path
-
-
-@contextlib.contextmanager
-def nginx_routes(routes: dict[str, int]) -> Iterator[Nginx]:
-    """One Debian nginx (``proxy_read_timeout 3s``) with ``/<prefix>/`` proxied to each upstream port."""
-    exe = shutil.which("nginx") or "/usr/sbin/nginx"
-    if not os.path.exists(exe):
-        raise RuntimeError("nginx is not installed (apt-get install -y nginx)")
-    port = free_port()
-    locations = "\n".join(
-        f"        location /{prefix}/ {{ proxy_pass http://127.0.0.1:{upstream}/; }}"
-        for prefix, upstream in routes.items()
-    )
-    with tempfile.TemporaryDirectory(prefix="eloquent-nginx-") as tmp:
-        user = "user root;" if os.geteuid() == 0 else ""
-        conf = Path(tmp, "nginx.conf")
-        conf.write_text(NGINX_CONF.format(user=user, tmp=tmp, port=port, locations=locations))
-        proc = subprocess.Popen(
-            [exe, "-c", str(conf), "-p", tmp, "-e", f"{tmp}/error.log"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            try:
-                wait_for_port(port, proc=proc)
-            except RuntimeError as exc:
-                output = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-                raise RuntimeError(f"{exc}\nnginx said:\n{output}") from None
-            yield Nginx(f"http://127.0.0.1:{port}", Path(tmp, "error.log"))
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
 
 @dataclass
 class Read:
@@ -179,7 +104,8 @@ async def test_silent_model_survives_nginx_idle_timeout_only_through_the_gateway
     with (
         UvicornThread(wrapped_gateway(triton.http_url, config), lifespan="on") as over_http,
         UvicornThread(wrapped_gateway(triton.grpc_url, config), lifespan="on") as over_grpc,
-        nginx_routes({"bare": triton.http_port, "http": over_http.port, "grpc": over_grpc.port}) as proxy,
+        nginx_routes({"bare": triton.http_port, "http": over_http.port, "grpc": over_grpc.port},
+                     "proxy_read_timeout 3s;") as proxy,
     ):
         route = "v2/models/slow_first/generate_stream"
         bare, via_http, via_grpc = await asyncio.gather(
@@ -229,7 +155,7 @@ async def test_http_and_grpc_give_identical_events_read_by_the_generic_sse_clien
     config = StreamConfig(keepalive=0.05, stream_transport="sse")
     got: dict[str, list[list[ClientEvent]]] = {}
     for kind in KINDS:
-        with UvicornThread(wrapped_gateway(upstream_url(triton, kind), config), lifespan="on") as gateway:
+        with UvicornThread(wrapped_gateway(triton.url(kind), config), lifespan="on") as gateway:
             got[kind] = [await sse_events(gateway.url, model, body) for model, body in SSE_CASES]
 
     for (model, body), over_http, over_grpc in zip(SSE_CASES, got["http"], got["grpc"], strict=True):
@@ -309,7 +235,7 @@ def h3_ports(triton: TritonServerProcess) -> Iterator[dict[str, int]]:
     """The wrapped gateway on the HTTP/3 front end, one per upstream kind."""
     config = StreamConfig(keepalive=0.5)
     with contextlib.ExitStack() as stack:
-        yield {kind: stack.enter_context(http3_gateway(upstream_url(triton, kind), config)) for kind in KINDS}
+        yield {kind: stack.enter_context(http3_gateway(triton.url(kind), config)) for kind in KINDS}
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -16,29 +16,31 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
-import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
+
+from tests.support.vllm import (
+    OWN_ENTRY,
+    VLLM_ENTRY,
+    VLLM_PYTHON,
+    VllmServer,
+    build_tiny_model,
+    free_port,
+    launch,
+    require_vllm_venv,
+    serving,
+)
 
 pytestmark = pytest.mark.vllm
 
-REPO = Path(__file__).resolve().parents[1]
-VENV = Path(os.environ.get("ELOQUENT_VLLM_VENV", REPO / ".venv-vllm"))
-VLLM_PYTHON = VENV / "bin" / "python"
-MODEL_CACHE = Path(os.environ.get("ELOQUENT_TINY_MODEL_CACHE", REPO / ".cache" / "tiny-models"))
-STARTUP_TIMEOUT_S = float(os.environ.get("ELOQUENT_VLLM_STARTUP_TIMEOUT", "900"))
 PROBE_HEADER = "x-eloquent-probe"
-MAX_MODEL_LEN = 32768
 LONG_GENERATION = 30000
 """Tokens asked of the request a client abandons: generation must outlast reading a few events and the abort by
 far, even on a loaded 2-core machine (about 600 tokens/s unloaded; the output fits in socket buffers, so the
@@ -134,60 +136,6 @@ async def start_http3_server(app, *, host, port, config):
 '''
 
 
-def _free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class VllmServer:
-    name: str
-    port: int
-    process: subprocess.Popen[bytes]
-    log: Path
-    eloquent_port: int | None = None
-    model: str = ""
-    extra: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log_tail(self, lines: int = 60) -> str:
-        text = self.log.read_text(errors="replace") if self.log.exists() else "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-    def openai(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
-
-    def metrics(self) -> dict[str, float]:
-        """Prometheus samples summed over label sets we do not filter on, keyed by name{finished_reason}."""
-        out: dict[str, float] = {}
-        for line in httpx.get(f"{self.base_url}/metrics", timeout=30).text.splitlines():
-            m = re.match(r"^(vllm:[a-z_]+)(\{[^}]*\})?\s+([0-9.eE+-]+)$", line)
-            if not m:
-                continue
-            reason = re.search(r'finished_reason="([a-z]+)"', m.group(2) or "")
-            key = f"{m.group(1)}{{{reason.group(1)}}}" if reason else m.group(1)
-            out[key] = out.get(key, 0.0) + float(m.group(3))
-        return out
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=30)
-
-
-def _require_vllm_venv() -> None:
-    if not VLLM_PYTHON.exists():
-        pytest.fail(f"vLLM venv missing at {VENV}: run .ci/install-vllm.sh (or set ELOQUENT_VLLM_VENV)")
-
-
 def _require_plugin_entry_point(cwd: Path) -> None:
     """`vllm serve --stream-transport` only exists if vLLM finds our general plugin; say how to fix it if not."""
     probe = ("from importlib.metadata import entry_points as e; "
@@ -203,50 +151,12 @@ def _require_plugin_entry_point(cwd: Path) -> None:
         )
 
 
-def _build_model() -> str:
-    done = subprocess.run(
-        [str(VLLM_PYTHON), "-m", "tests.support.tiny_model", str(MODEL_CACHE)],
-        cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
-    )
-    if done.returncode != 0:
-        pytest.fail(f"building the tiny model failed:\n{done.stdout}\n{done.stderr}")
-    return done.stdout.strip().splitlines()[-1]
-
-
-def _launch(name: str, module: str, model: str, workdir: Path, env: dict[str, str], *flags: str,
-            eloquent_port: int | None = None) -> VllmServer:
-    port = _free_port()
-    log = workdir / f"{name}.log"
-    # vLLM's api_server.entry ignores a positional model (only `vllm serve` maps it); our launcher takes it.
-    model_args = [model] if module == "eloquent_vllm.serve" else ["--model", model]
-    cmd = [str(VLLM_PYTHON), "-m", module, *model_args, "--port", str(port), "--host", "127.0.0.1",
-           "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4", "--dtype", "float32", "--seed", "0",
-           "--enforce-eager", *flags]
-    with log.open("wb") as out:
-        process = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-    return VllmServer(name, port, process, log, eloquent_port, model)
-
-
-def _wait_ready(server: VllmServer, deadline: float) -> None:
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            pytest.fail(f"vLLM server {server.name!r} exited with {server.process.returncode}:\n{server.log_tail()}")
-        try:
-            if httpx.get(f"{server.base_url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    pytest.fail(f"vLLM server {server.name!r} not ready after {STARTUP_TIMEOUT_S:.0f} s:\n{server.log_tail()}")
-
-
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VllmServer]]:
-    _require_vllm_venv()
+    require_vllm_venv()
     workdir = tmp_path_factory.mktemp("vllm")
     _require_plugin_entry_point(workdir)
-    model = _build_model()
+    model = build_tiny_model()
     (workdir / "vllm_probe.py").write_text(PROBE_MODULE)
     env = {
         **os.environ,
@@ -260,27 +170,17 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Vllm
     real_env = {k: v for k, v in env.items() if not k.startswith("ELOQUENT_VLLM_")}
     real_env["ELOQUENT_RESUME_GRACE"] = "1"  # reaches StreamConfig in the API server through the environment
     real_env["ELOQUENT_CACHE_DIR"] = str(workdir / "certs")  # the HTTP/3 development certificate
-    entry = "vllm.entrypoints.launchers.api_server.entry"  # vLLM's own parser: our flags come from the plugin
-    udp, real_udp = _free_port(socket.SOCK_DGRAM), _free_port(socket.SOCK_DGRAM)
-    started = {
-        "plain": _launch("plain", entry, model, workdir, env),
-        "sse": _launch("sse", entry, model, workdir, env, "--stream-transport", "sse"),
-        "eloquent": _launch("eloquent", "eloquent_vllm.serve", model, workdir, env, "--stream-transport",
-                            "eloquent", "--eloquent-port", str(udp), "--eloquent-keepalive", "7",
-                            eloquent_port=udp),
-        "real": _launch("real", "eloquent_vllm.serve", model, workdir, real_env, "--stream-transport", "eloquent",
-                        "--eloquent-port", str(real_udp), eloquent_port=real_udp),
-    }
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        for server in started.values():
-            _wait_ready(server, deadline)
-        for server in started.values():
-            server.model = server.openai().models.list().data[0].id
+    udp, real_udp = free_port(socket.SOCK_DGRAM), free_port(socket.SOCK_DGRAM)
+    seqs = {"max_num_seqs": 4}
+    with serving({
+        "plain": launch("plain", VLLM_ENTRY, model, workdir, env, **seqs),
+        "sse": launch("sse", VLLM_ENTRY, model, workdir, env, "--stream-transport", "sse", **seqs),
+        "eloquent": launch("eloquent", OWN_ENTRY, model, workdir, env, "--stream-transport", "eloquent",
+                           "--eloquent-port", str(udp), "--eloquent-keepalive", "7", eloquent_port=udp, **seqs),
+        "real": launch("real", OWN_ENTRY, model, workdir, real_env, "--stream-transport", "eloquent",
+                       "--eloquent-port", str(real_udp), eloquent_port=real_udp, **seqs),
+    }) as started:
         yield started
-    finally:
-        for server in started.values():
-            server.stop()
 
 
 def _stream_headers(server: VllmServer, path: str, body: dict[str, object]) -> httpx.Headers:
@@ -412,9 +312,9 @@ def test_client_disconnect_aborts_the_request(servers: dict[str, VllmServer]) ->
 
 
 def test_eloquent_refuses_several_api_servers(tmp_path: Path) -> None:
-    _require_vllm_venv()
+    require_vllm_venv()
     done = subprocess.run(
-        [str(VLLM_PYTHON), "-m", "vllm.entrypoints.launchers.api_server.entry", "unused-model",
+        [str(VLLM_PYTHON), "-m", VLLM_ENTRY, "unused-model",
          "--stream-transport", "eloquent", "--api-server-count", "2"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
         env={k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"},

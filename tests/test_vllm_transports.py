@@ -17,45 +17,31 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import socket
-import subprocess
 import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Self
 
 import httpx
-import openai
 import pytest
 from eloquent_client import EloquentClient
 
 from eloquent_plugins.netem import PathConfig
 from eloquent_plugins.relay import RelayConfig, start_relay
 from tests.support.servers import nginx
+from tests.support.vllm import (
+    HANG_GUARD_S,
+    OWN_ENTRY,
+    VLLM_ENTRY,
+    VllmServer,
+    build_tiny_model,
+    free_port,
+    launch,
+    serving,
+)
 
 pytestmark = pytest.mark.vllm
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _vllm_venv() -> Path:
-    """``$ELOQUENT_VLLM_VENV``, else the first finished install of the CI location and the repo-local one."""
-    if os.environ.get("ELOQUENT_VLLM_VENV"):
-        return Path(os.environ["ELOQUENT_VLLM_VENV"])
-    candidates = [Path.home() / ".cache" / "eloquent-plugins" / "venv-vllm", REPO / ".venv-vllm"]
-    return next((c for c in candidates if (c / ".eloquent-vllm-installed").exists()), candidates[0])
-
-
-VENV = _vllm_venv()
-VLLM_PYTHON = VENV / "bin" / "python"
-MODEL_CACHE = Path(os.environ.get("ELOQUENT_TINY_MODEL_CACHE", REPO / ".cache" / "tiny-models"))
-STARTUP_TIMEOUT_S = float(os.environ.get("ELOQUENT_VLLM_STARTUP_TIMEOUT", "900"))
-HANG_GUARD_S = 300.0
-"""Client timeouts: a guard against hangs only, never a measurement."""
-MAX_MODEL_LEN = 32768
 OCCUPY_TOKENS = 30000
 """Tokens asked of the request that holds vLLM's single slot: it must outlast everything the queued request
 waits for, even on a loaded 2-core machine (about 600 tokens/s unloaded); it is always abandoned, never finished."""
@@ -65,107 +51,24 @@ LOSSY = PathConfig(delay=0.05, loss=0.1, burst=2.0)
 """About 50 ms each way, 10% loss in bursts of 2 on average, in both directions."""
 
 
-@dataclass
-class VllmServer:
-    name: str
-    port: int
-    process: subprocess.Popen[bytes]
-    log: Path
-    eloquent_port: int | None = None
-    model: str = ""
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log_tail(self, lines: int = 60) -> str:
-        text = self.log.read_text(errors="replace") if self.log.exists() else "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-    def openai(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="unused", max_retries=0, timeout=HANG_GUARD_S)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=30)
-
-
-def _free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _build_model() -> str:
-    done = subprocess.run([str(VLLM_PYTHON), "-m", "tests.support.tiny_model", str(MODEL_CACHE)], cwd=REPO,
-                          capture_output=True, text=True, timeout=600, check=False)
-    if done.returncode != 0:
-        pytest.fail(f"building the tiny model failed:\n{done.stdout}\n{done.stderr}")
-    return done.stdout.strip().splitlines()[-1]
-
-
-def _launch(name: str, module: str, model: str, workdir: Path, env: dict[str, str], *flags: str,
-            eloquent_port: int | None = None) -> VllmServer:
-    port = _free_port()
-    log = workdir / f"{name}.log"
-    model_args = [model] if module == "eloquent_vllm.serve" else ["--model", model]
-    cmd = [str(VLLM_PYTHON), "-m", module, *model_args, "--port", str(port), "--host", "127.0.0.1",
-           "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "1", "--dtype", "float32", "--seed", "0",
-           "--enforce-eager", *flags]
-    with log.open("wb") as out:
-        # From a temp cwd: the checkout's eloquent_plugins.egg-info must not shadow the installed metadata.
-        process = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-    return VllmServer(name, port, process, log, eloquent_port)
-
-
-def _wait_ready(server: VllmServer, deadline: float) -> None:
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            pytest.fail(f"vLLM server {server.name!r} exited with {server.process.returncode}:\n{server.log_tail()}")
-        try:
-            if httpx.get(f"{server.base_url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    pytest.fail(f"vLLM server {server.name!r} not ready after {STARTUP_TIMEOUT_S:.0f} s:\n{server.log_tail()}")
-
-
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VllmServer]]:
-    if not VLLM_PYTHON.exists():
-        pytest.fail(f"vLLM venv missing at {VENV}: run .ci/install-vllm.sh (or set ELOQUENT_VLLM_VENV)")
     workdir = tmp_path_factory.mktemp("vllm-transports")
-    model = _build_model()
+    model = build_tiny_model()
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("ELOQUENT_") and k not in ("VLLM_PLUGINS", "PYTHONPATH")}
     env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     plugin_env = {**env,
                   "ELOQUENT_RESUME_GRACE": "1",  # an abandoned stream is aborted 1 s after its client left
                   "ELOQUENT_CACHE_DIR": str(workdir / "certs")}  # the HTTP/3 development certificate
-    udp = _free_port(socket.SOCK_DGRAM)
-    started = {
-        "plugin": _launch("plugin", "eloquent_vllm.serve", model, workdir, plugin_env, "--stream-transport",
-                          "eloquent", "--eloquent-port", str(udp), "--eloquent-keepalive", str(KEEPALIVE_S),
-                          eloquent_port=udp),
-        "plain": _launch("plain", "vllm.entrypoints.launchers.api_server.entry", model, workdir, env),
-    }
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        for server in started.values():
-            _wait_ready(server, deadline)
-        for server in started.values():
-            server.model = server.openai().models.list().data[0].id
+    udp = free_port(socket.SOCK_DGRAM)
+    with serving({
+        "plugin": launch("plugin", OWN_ENTRY, model, workdir, plugin_env, "--stream-transport", "eloquent",
+                         "--eloquent-port", str(udp), "--eloquent-keepalive", str(KEEPALIVE_S), max_num_seqs=1,
+                         eloquent_port=udp),
+        "plain": launch("plain", VLLM_ENTRY, model, workdir, env, max_num_seqs=1),
+    }) as started:
         yield started
-    finally:
-        for server in started.values():
-            server.stop()
 
 
 # --- 1. the same text over SSE and over HTTP/3 Eloquent through a lossy relay --------------------------------

@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +120,7 @@ def redis_server() -> Iterator[str]:
 NGINX_CONF = """
 worker_processes 1;
 daemon off;
-user {user};
+{user}
 error_log {tmp}/error.log warn;
 pid {tmp}/nginx.pid;
 events {{ worker_connections 1024; }}
@@ -132,40 +133,65 @@ http {{
     scgi_temp_path {tmp}/scgi;
     server {{
         listen 127.0.0.1:{port};
-        location / {{
-            proxy_pass http://127.0.0.1:{upstream};
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            {extra}
-        }}
+{locations}
     }}
 }}
 """
+NGINX_LOCATION = """
+        location {path} {{
+            proxy_pass {target};
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            {extra}
+        }}"""
+
+
+@dataclass(frozen=True)
+class Nginx:
+    url: str
+    error_log: Path
 
 
 @contextlib.contextmanager
-def nginx(upstream_port: int, extra: str = "") -> Iterator[str]:
-    """Debian's nginx as a reverse proxy in front of ``upstream_port``; ``extra`` goes into the location block.
-    Yields the proxy's base URL."""
+def nginx_routes(routes: dict[str, int], extra: str = "") -> Iterator[Nginx]:
+    """Debian's nginx as a reverse proxy: ``/<prefix>/`` to each upstream port with the prefix stripped (prefix
+    ``""``: every path, passed as is), with ``extra`` directives (``proxy_read_timeout 3s;``...) in each route."""
     exe = shutil.which("nginx") or "/usr/sbin/nginx"
     if not os.path.exists(exe):
         raise RuntimeError("nginx is not installed (apt-get install -y nginx)")
     port = free_port()
+    locations = "".join(
+        NGINX_LOCATION.format(path=f"/{prefix}/" if prefix else "/", extra=extra,
+                              target=f"http://127.0.0.1:{upstream}" + ("/" if prefix else ""))
+        for prefix, upstream in routes.items()
+    )
     with tempfile.TemporaryDirectory(prefix="eloquent-nginx-") as tmp:
-        user = "root" if os.geteuid() == 0 else os.environ.get("USER", "nobody")
+        user = "user root;" if os.geteuid() == 0 else ""  # the directive only means something to root
         conf = Path(tmp, "nginx.conf")
-        conf.write_text(NGINX_CONF.format(user=user, tmp=tmp, port=port, upstream=upstream_port, extra=extra))
-        proc = subprocess.Popen([exe, "-c", str(conf), "-p", tmp, "-e", f"{tmp}/error.log"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        conf.write_text(NGINX_CONF.format(user=user, tmp=tmp, port=port, locations=locations))
+        output = Path(tmp, "nginx.out")
+        with output.open("wb") as out:
+            proc = subprocess.Popen([exe, "-c", str(conf), "-p", tmp, "-e", f"{tmp}/error.log"],
+                                    stdout=out, stderr=subprocess.STDOUT)
         try:
-            wait_for_port(port, proc=proc)
-            yield f"http://127.0.0.1:{port}"
+            try:
+                wait_for_port(port, proc=proc)
+            except RuntimeError as exc:
+                raise RuntimeError(f"{exc}\nnginx said:\n{output.read_text(errors='replace')}") from None
+            yield Nginx(f"http://127.0.0.1:{port}", Path(tmp, "error.log"))
         finally:
             proc.terminate()
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+@contextlib.contextmanager
+def nginx(upstream_port: int, extra: str = "") -> Iterator[str]:
+    """One nginx in front of ``upstream_port`` alone; yields the proxy's base URL."""
+    with nginx_routes({"": upstream_port}, extra) as proxy:
+        yield proxy.url
 
 
 class UvicornProcess:

