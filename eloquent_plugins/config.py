@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -54,8 +55,8 @@ class StreamConfig:
         for name in ("resume_ttl", "resume_grace", "send_timeout", "header_timeout", "body_timeout",
                      "max_streams_per_client"):
             value = getattr(self, name)
-            if not value >= 0:  # also refuses NaN
-                raise ConfigError(f"{name} must be >= 0, got {value}")
+            if not 0 <= value < math.inf:  # refuses NaN too; "off" is spelled 0, never infinity
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
         if self.eloquent_port is not None and not 0 <= self.eloquent_port <= 65535:
             raise ConfigError(f"eloquent_port must be a port number, got {self.eloquent_port}")
         if not self.resume_store.startswith(("memory://", "redis://", "rediss://", "unix://")):

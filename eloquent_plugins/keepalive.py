@@ -7,6 +7,7 @@ long queues and prefills, including the wait before the first token.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -33,8 +34,9 @@ class KeepAlivePolicy:
     choke on comments."""
 
     def __post_init__(self) -> None:
-        if self.interval < 0:
-            raise ConfigError(f"keep-alive interval must be >= 0 seconds, got {self.interval}")
+        if not 0 <= self.interval < math.inf:  # NaN would pass `< 0` and silently disable keep-alive
+            raise ConfigError(f"keep-alive interval must be a finite number of seconds >= 0 (0: off), "
+                              f"got {self.interval}")
         if self.frame not in ("comment", "newline"):
             raise ConfigError(f"keep-alive frame must be 'comment' or 'newline', got {self.frame!r}")
 

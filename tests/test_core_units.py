@@ -23,8 +23,9 @@ def test_keepalive_is_idle_based() -> None:
 def test_keepalive_frames_and_validation() -> None:
     assert KeepAlivePolicy().sse_frame == b": keep-alive\n"  # one line: see keepalive.SSE_COMMENT_FRAME
     assert KeepAlivePolicy(frame="newline").sse_frame == b"\n"
-    with pytest.raises(ConfigError):
-        KeepAlivePolicy(-1)
+    for bad in (-1, float("nan"), float("inf")):  # NaN used to pass `< 0` and turn keep-alive off unseen
+        with pytest.raises(ConfigError, match="keep-alive interval"):
+            KeepAlivePolicy(bad)
     with pytest.raises(ConfigError):
         KeepAlivePolicy(frame="ping")  # type: ignore[arg-type]
 
@@ -65,6 +66,10 @@ def test_stream_config_from_env() -> None:
         StreamConfig.from_env({"ELOQUENT_KEEPALIVE": "soon"})
     with pytest.raises(ConfigError):
         StreamConfig(resume_store="mysql://x")
+    for name in ("resume_ttl", "send_timeout", "header_timeout", "body_timeout"):
+        for bad in ("-1", "nan", "inf"):
+            with pytest.raises(ConfigError, match=f"{name} must be a finite number >= 0"):
+                StreamConfig.from_env({f"ELOQUENT_{name.upper()}": bad})
 
 
 def test_codecs_read_their_formats() -> None:
@@ -96,3 +101,4 @@ def test_cli_lists_subcommands() -> None:
     with pytest.raises(SystemExit) as exc:
         parser.parse_args(["no-such-command"])
     assert exc.value.code == 2
+

@@ -183,6 +183,9 @@ def test_eloquent_over_unix_socket_needs_a_udp_port(capsys: pytest.CaptureFixtur
         ([], {"VLLM_USE_RUST_FRONTEND": "1"}, "VLLM_USE_RUST_FRONTEND"),
         (["--eloquent-certfile", "c.pem"], {}, "together"),
         (["--eloquent-keepalive", "-1"], {}, "keep-alive"),
+        (["--eloquent-keepalive", "nan"], {}, "keep-alive"),  # NaN passed `< 0` and turned keep-alive off
+        (["--eloquent-keepalive", "inf"], {}, "keep-alive"),
+        (["--eloquent-port", "70000"], {}, "port"),
         (["--eloquent-resume-store", "postgres://x"], {}, "resume store"),
     ],
 )

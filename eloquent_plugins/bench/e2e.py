@@ -21,6 +21,7 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from ..commands import numbers
 from ..config import StreamConfig
 from ..engine import EngineConfig, create_engine_app
 from ..errors import ConfigError
@@ -350,15 +351,15 @@ def above_floor(result: E2EResult, floor: E2EResult) -> dict[str, float | None]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="3 requests x 80 tokens (well under a minute)")
-    parser.add_argument("--requests", type=int, default=None, help="requests per scheme (default: 8)")
-    parser.add_argument("--tokens", type=int, default=None, help="max tokens per request (default: 150)")
-    parser.add_argument("--loss", type=float, default=0.10, help="loss rate each way (default: %(default)s)")
-    parser.add_argument("--burst", type=float, default=2.0, help="mean loss burst in packets (default: %(default)s)")
-    parser.add_argument("--rtt-ms", type=float, default=100.0, help="round-trip time (default: %(default)s)")
-    parser.add_argument("--jitter-ms", type=float, default=0.0, help="mean extra one-way delay (default: 0)")
-    parser.add_argument("--tpot-ms", type=float, default=30.0, help="engine time per token (default: %(default)s)")
-    parser.add_argument("--ttft-ms", type=float, default=200.0, help="engine time to first token (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=1, help="relay loss seed (default: %(default)s)")
+    parser.add_argument("--requests", type=numbers.positive, default=None, help="requests per scheme (default: 8)")
+    parser.add_argument("--tokens", type=numbers.positive, default=None, help="max tokens per request (default: 150)")
+    parser.add_argument("--loss", type=numbers.loss_rate, default=0.10, help="loss rate each way (default: %(default)s)")
+    parser.add_argument("--burst", type=numbers.burst, default=2.0, help="mean loss burst in packets (default: %(default)s)")
+    parser.add_argument("--rtt-ms", type=numbers.milliseconds, default=100.0, help="round-trip time (default: %(default)s)")
+    parser.add_argument("--jitter-ms", type=numbers.milliseconds, default=0.0, help="mean extra one-way delay (default: 0)")
+    parser.add_argument("--tpot-ms", type=numbers.milliseconds, default=30.0, help="engine time per token (default: %(default)s)")
+    parser.add_argument("--ttft-ms", type=numbers.milliseconds, default=200.0, help="engine time to first token (default: %(default)s)")
+    parser.add_argument("--seed", type=numbers.seed, default=1, help="relay loss seed (default: %(default)s)")
     parser.add_argument("--json", metavar="PATH", default=None, help="write conditions, per-scheme figures and "
                         "the summary as JSON")
     parser.add_argument("--calibrate", action="store_true", help="first run the same workload without loss and "
@@ -369,10 +370,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _config(args: argparse.Namespace) -> tuple[Conditions, Workload]:
     requests = args.requests if args.requests is not None else (3 if args.quick else 8)
     tokens = args.tokens if args.tokens is not None else (80 if args.quick else 150)
-    if requests < 1 or tokens < 1:
-        raise ConfigError("--requests and --tokens must be >= 1")
-    if args.rtt_ms < 0 or args.tpot_ms < 0 or args.ttft_ms < 0 or args.jitter_ms < 0:
-        raise ConfigError("times must be >= 0")
     conditions = Conditions(loss=args.loss, burst=args.burst, rtt=args.rtt_ms / 1000, jitter=args.jitter_ms / 1000,
                             seed=args.seed)
     conditions.path()  # validates loss/burst

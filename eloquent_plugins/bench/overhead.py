@@ -26,13 +26,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..commands import numbers
+
 VARIANTS = ("bare", "middleware", "middleware-noresume", "sse-starlette")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer events and repetitions (a smoke run)")
-    parser.add_argument("--events", type=int, default=None, help="events per stream (default 20000, quick 3000)")
-    parser.add_argument("--repeat", type=int, default=None, help="runs per variant, best kept (default 3, quick 1)")
+    parser.add_argument("--events", type=numbers.positive, default=None, help="events per stream (default 20000, quick 3000)")
+    parser.add_argument("--repeat", type=numbers.positive, default=None, help="runs per variant, best kept (default 3, quick 1)")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="comma-separated subset of " + ", ".join(VARIANTS))
     parser.add_argument("--profile", action="store_true", help="cProfile the in-process middleware run")
@@ -48,8 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(e.g. '--enforce-eager --max-model-len 4096')")
     parser.add_argument("--vllm-transport", choices=("sse", "eloquent"), default="sse",
                         help="--stream-transport of the plugin server (default sse; the HTTP measurement is the same)")
-    parser.add_argument("--vllm-startup-timeout", type=float, default=900.0, help=argparse.SUPPRESS)
-    parser.add_argument("--rounds", type=int, default=None, help="for --target/--vllm: rounds per level; each "
+    parser.add_argument("--vllm-startup-timeout", type=numbers.positive_seconds, default=900.0, help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=numbers.positive, default=None, help="for --target/--vllm: rounds per level; each "
                         "runs every mode once (non-streamed, streamed, and streamed around the middleware where "
                         "there is one) in a rotated order; the table gives the median of the per-round ratios "
                         "(default 9)")
@@ -58,12 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server-cpus", metavar="LIST", help="for --vllm: start vLLM confined to these CPUs "
                         "(its processes inherit the mask; its OpenMP threads bind within it)")
     parser.add_argument("--model", default=None, help="model name for --target (default: the first of /v1/models)")
-    parser.add_argument("--max-tokens", type=int, default=256, help="tokens per request for --target")
+    parser.add_argument("--max-tokens", type=numbers.positive, default=256, help="tokens per request for --target")
     parser.add_argument("--concurrency", default="1,32", help="concurrency levels for --target (default 1,32)")
-    parser.add_argument("--requests", type=int, default=None, help="requests per level for --target "
+    parser.add_argument("--requests", type=numbers.positive, default=None, help="requests per level for --target "
                         "(default 2x the concurrency, at least 4)")
     parser.add_argument("--serve", choices=VARIANTS, help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=numbers.port, default=0, help=argparse.SUPPRESS)
 
 
 # -- the apps under test ---------------------------------------------------------------------------------------

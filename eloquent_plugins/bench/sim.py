@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 
-from ..errors import ConfigError
+from ..commands import numbers
 from ..stall import DEFAULT_READING_PACE
 from ..sim.matrix import Plan, custom_plan, quick_plan, standard_plan, with_tokens
 from ..sim.report import ScenarioResult, format_table, plot, summarize_scenario, write_json
@@ -30,10 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         'tpot=30" (keys: loss, burst, rtt ms, jitter ms, tpot ms, bw kbit/s, tokens, streams, '
                         'trace FILE, k); repeatable')
     parser.add_argument("--quick", action="store_true", help="a reduced matrix that finishes in seconds")
-    parser.add_argument("--seed", type=int, default=1, help="base seed (default: %(default)s)")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per --scenario (default: %(default)s)")
-    parser.add_argument("--tokens", type=int, default=None, help="override tokens per stream")
-    parser.add_argument("--streams", type=int, default=None, help="override streams per scenario and seed")
+    parser.add_argument("--seed", type=numbers.seed, default=1, help="base seed (default: %(default)s)")
+    parser.add_argument("--seeds", type=numbers.positive, default=3, help="seeds per --scenario (default: %(default)s)")
+    parser.add_argument("--tokens", type=numbers.positive, default=None, help="override tokens per stream")
+    parser.add_argument("--streams", type=numbers.positive, default=None, help="override streams per scenario and seed")
     parser.add_argument("--rack-tlp", action="store_true",
                         help="also run the TCP baseline with Linux's RACK-TLP loss recovery (a sensitivity check; "
                         "the summary's figures stay against the issue's baseline)")
@@ -42,9 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eloquent-adaptive", action="store_true",
                         help='also run Eloquent with SenderConfig(redundancy="adaptive"): runs sent twice while '
                         "the sender sees loss")
-    parser.add_argument("--reading-pace", type=float, default=DEFAULT_READING_PACE, metavar="SECONDS",
+    parser.add_argument("--reading-pace", type=numbers.positive_seconds, default=DEFAULT_READING_PACE, metavar="SECONDS",
                         help="seconds per token the QoE reader digests (Andes; default: %(default)s)")
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+    parser.add_argument("--jobs", type=numbers.positive, default=min(2, os.cpu_count() or 1),
                         help="worker processes (default: %(default)s)")
     parser.add_argument("--json", metavar="PATH", default=None, help="write results and summary as JSON")
     parser.add_argument("--plot", metavar="PATH", default=None, help="write a PNG of stall ratio per scheme")
@@ -52,11 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_plan(args: argparse.Namespace) -> Plan:
-    if args.seeds < 1 or (args.tokens is not None and args.tokens < 1) or \
-            (args.streams is not None and args.streams < 1) or args.jobs < 1:
-        raise ConfigError("--seeds, --tokens, --streams and --jobs must be >= 1")
-    if not args.reading_pace > 0:
-        raise ConfigError("--reading-pace must be > 0 seconds")
     if args.scenario:
         plan = custom_plan([parse_scenario(s) for s in args.scenario], args.seed, args.seeds)
     elif args.quick:

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import ConfigError, EloquentError
 from ..stall import percentile, stall_metrics
+from . import numbers
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,14 +35,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--insecure", action="store_true", help="do not verify the server certificate")
     parser.add_argument("--cafile", default=None, help="CA or certificate file to verify the server with")
     parser.add_argument("--model", default=None, help="model name (default: the server's first model)")
-    parser.add_argument("--max-tokens", type=int, default=200, help="(default: %(default)s)")
-    parser.add_argument("--pace-ms", type=float, default=None, metavar="MS",
+    parser.add_argument("--max-tokens", type=numbers.positive, default=200, help="(default: %(default)s)")
+    parser.add_argument("--pace-ms", type=numbers.milliseconds, default=None, metavar="MS",
                         help="release text at most one event per MS milliseconds (client-side pacing)")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to connect and to get the response "
+    parser.add_argument("--timeout", type=numbers.positive_seconds, default=10.0, help="seconds to connect and to get the response "
                         "headers (default: %(default)s)")
-    parser.add_argument("--loss", type=float, default=0.0, help="in-process only: relay loss rate")
-    parser.add_argument("--burst", type=float, default=2.0, help="in-process only: mean loss burst")
-    parser.add_argument("--rtt-ms", type=float, default=0.0, help="in-process only: relay round-trip time")
+    parser.add_argument("--loss", type=numbers.loss_rate, default=0.0, help="in-process only: relay loss rate")
+    parser.add_argument("--burst", type=numbers.burst, default=2.0, help="in-process only: mean loss burst")
+    parser.add_argument("--rtt-ms", type=numbers.milliseconds, default=0.0, help="in-process only: relay round-trip time")
     parser.set_defaults(func=run)
 
 
@@ -114,8 +115,6 @@ def _stats(out: Any, started: float, rendered: list[float], delivery: str, gener
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.max_tokens < 1 or args.timeout <= 0:
-        raise ConfigError("--max-tokens and --timeout must be positive")
     try:
         return asyncio.run(_chat(args, sys.stdout))
     except EloquentError:

@@ -6,36 +6,17 @@ import argparse
 
 from ..config import StreamConfig
 from ..errors import ConfigError
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
+from . import numbers
 
 
 def add_host_port(parser: argparse.ArgumentParser, *, port: int = 8000) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
-    parser.add_argument("--port", type=int, default=port, help="TCP port for HTTP/SSE; the HTTP/3 front end "
+    parser.add_argument("--port", type=numbers.port, default=port, help="TCP port for HTTP/SSE; the HTTP/3 front end "
                         "uses the same number over UDP unless --eloquent-port says otherwise (default: %(default)s)")
 
 
 def add_keepalive(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--keepalive", type=_seconds, default=15.0, metavar="SECONDS",
+    parser.add_argument("--keepalive", type=numbers.seconds, default=15.0, metavar="SECONDS",
                         help="seconds without bytes before a keep-alive; 0 turns it off (default: %(default)s)")
 
 

@@ -29,7 +29,7 @@ from ..bench.e2e import (
     reference_texts,
     stream_once,
 )
-from ..errors import ConfigError
+from . import numbers
 
 _PANE_LINES = 10
 _GAP = 0.1
@@ -40,13 +40,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("demo", help="watch Eloquent, retransmission and duplication stream through a lossy "
                             "link side by side", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--loss", type=float, default=0.10, help="loss rate each way (default: %(default)s)")
-    parser.add_argument("--burst", type=float, default=2.0, help="mean loss burst in packets (default: %(default)s)")
-    parser.add_argument("--rtt-ms", type=float, default=100.0, help="round-trip time (default: %(default)s)")
-    parser.add_argument("--tokens", type=int, default=None, help="tokens in the answer (default: 200, --quick: 80)")
+    parser.add_argument("--loss", type=numbers.loss_rate, default=0.10, help="loss rate each way (default: %(default)s)")
+    parser.add_argument("--burst", type=numbers.burst, default=2.0, help="mean loss burst in packets (default: %(default)s)")
+    parser.add_argument("--rtt-ms", type=numbers.milliseconds, default=100.0, help="round-trip time (default: %(default)s)")
+    parser.add_argument("--tokens", type=numbers.positive, default=None, help="tokens in the answer (default: 200, --quick: 80)")
     parser.add_argument("--quick", action="store_true", help="a shorter answer (about 5 s in all)")
-    parser.add_argument("--tpot-ms", type=float, default=30.0, help="engine time per token (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=7, help="relay loss seed (default: %(default)s)")
+    parser.add_argument("--tpot-ms", type=numbers.milliseconds, default=30.0, help="engine time per token (default: %(default)s)")
+    parser.add_argument("--seed", type=numbers.seed, default=7, help="relay loss seed (default: %(default)s)")
     parser.add_argument("--plain", action="store_true", help="no live columns even on a terminal")
     parser.set_defaults(func=run)
 
@@ -166,8 +166,6 @@ async def _demo(conditions: Conditions, workload: Workload, view: _View) -> E2ER
 def run(args: argparse.Namespace) -> int:
     if args.tokens is None:
         args.tokens = 80 if args.quick else 200
-    if args.tokens < 1 or args.rtt_ms < 0 or args.tpot_ms < 0:
-        raise ConfigError("--tokens must be >= 1 and times >= 0")
     conditions = Conditions(loss=args.loss, burst=args.burst, rtt=args.rtt_ms / 1000, seed=args.seed)
     conditions.path()
     workload = Workload(requests=1, max_tokens=args.tokens, ttft=0.2, tpot=args.tpot_ms / 1000)

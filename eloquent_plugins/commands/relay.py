@@ -13,13 +13,14 @@ import sys
 from ..errors import ConfigError
 from ..netem import PathConfig, load_trace, parse_loss_schedule, parse_outage
 from ..relay import RelayConfig, parse_hostport, start_relay
+from . import numbers
 
 _PATH_OPTIONS = (
-    ("loss", float, "long-run loss rate in [0, 1)"),
-    ("burst", float, "mean loss-burst length in packets (Gilbert-Elliott; 1 = independent losses)"),
-    ("delay-ms", float, "one-way delay in ms"),
-    ("jitter-ms", float, "mean extra delay in ms (uniform 0..2x)"),
-    ("bandwidth-kbps", float, "bottleneck in kbit/s"),
+    ("loss", numbers.loss_rate, "long-run loss rate in [0, 1)"),
+    ("burst", numbers.burst, "mean loss-burst length in packets (Gilbert-Elliott; 1 = independent losses)"),
+    ("delay-ms", numbers.milliseconds, "one-way delay in ms"),
+    ("jitter-ms", numbers.milliseconds, "mean extra delay in ms (uniform 0..2x)"),
+    ("bandwidth-kbps", numbers.kbps, "bottleneck in kbit/s"),
     ("trace", str, "loss/delay trace file (format: eloquent_plugins/netem/trace.py)"),
     ("loss-schedule", str, 'loss over time, "T:LOSS,T:LOSS" in seconds, e.g. "0:0.3,10:0.0"'),
 )
@@ -40,8 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="drop everything both ways from START for DURATION seconds; repeatable")
     parser.add_argument("--reorder", action="store_true",
                         help="let jitter reorder packets (default: each direction stays FIFO)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the loss and jitter draws (default: 0)")
-    parser.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--seed", type=numbers.seed, default=0, help="seed of the loss and jitter draws (default: 0)")
+    parser.add_argument("--duration", type=numbers.seconds, default=None, metavar="SECONDS",
                         help="stop after this long (default: until interrupted)")
     parser.set_defaults(func=run)
 

@@ -8,7 +8,8 @@ import gc
 import logging
 
 from ..plugins import create_plugin_manager
-from .common import _count, _seconds, add_all, stream_config
+from . import numbers
+from .common import add_all, stream_config
 
 log = logging.getLogger("eloquent.serve")
 
@@ -16,7 +17,7 @@ log = logging.getLogger("eloquent.serve")
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("serve", help="serve the built-in engine or front an upstream model server")
     add_all(parser)
-    parser.add_argument("--eloquent-port", type=int, default=None, metavar="UDP_PORT",
+    parser.add_argument("--eloquent-port", type=numbers.port, default=None, metavar="UDP_PORT",
                         help="UDP port of the HTTP/3 front end (default: same number as --port)")
     parser.add_argument("--certfile", default=None, help="TLS certificate for HTTP/3 (default: a development "
                         "certificate generated on first use)")
@@ -24,17 +25,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--resume-store", default=None, metavar="URL",
                         help="memory:// (default) or redis://host:port/db to share resumable streams across replicas")
     parser.add_argument("--no-resume", action="store_true", help="turn off event ids and resume")
-    parser.add_argument("--header-timeout", type=_seconds, default=None, metavar="SECONDS",
+    parser.add_argument("--header-timeout", type=numbers.seconds, default=None, metavar="SECONDS",
                         help="HTTP/1.1: close a connection whose request line and headers are not in within this "
                         "many seconds (408); 0 turns it off (default: ELOQUENT_HEADER_TIMEOUT or 30)")
-    parser.add_argument("--body-timeout", type=_seconds, default=None, metavar="SECONDS",
+    parser.add_argument("--body-timeout", type=numbers.seconds, default=None, metavar="SECONDS",
                         help="answer 408 and stop the request when its body stalls this long, HTTP/1.1 and HTTP/3; "
                         "0 turns it off (default: ELOQUENT_BODY_TIMEOUT or 30)")
-    parser.add_argument("--max-streams-per-client", type=_count, default=None, metavar="N",
+    parser.add_argument("--max-streams-per-client", type=numbers.count, default=None, metavar="N",
                         help="live SSE streams one caller (credentials, else client IP) may hold; above it 429; "
                         "0 = unlimited (default: ELOQUENT_MAX_STREAMS_PER_CLIENT or 0)")
-    parser.add_argument("--tpot", type=float, default=0.03, help="built-in engine: seconds per output token")
-    parser.add_argument("--ttft", type=float, default=0.2, help="built-in engine: seconds before the first token")
+    parser.add_argument("--tpot", type=numbers.seconds, default=0.03, help="built-in engine: seconds per output token")
+    parser.add_argument("--ttft", type=numbers.seconds, default=0.2, help="built-in engine: seconds before the first token")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.set_defaults(func=run)
 

@@ -9,6 +9,8 @@ with the packets before (common random numbers: schemes are compared on the same
 
 from __future__ import annotations
 
+import math
+
 import random
 from dataclasses import dataclass
 
@@ -41,11 +43,12 @@ class PathConfig:
     True: each packet takes its own delay, so jitter can reorder them."""
 
     def __post_init__(self) -> None:
-        if self.delay < 0 or self.jitter < 0:
-            raise ConfigError("delay and jitter must be >= 0")
-        if self.slot is not None and self.slot <= 0:
+        # `not 0 <= x < inf` rather than `x < 0`: NaN passes every comparison and would poison the clock.
+        if not (0 <= self.delay < math.inf and 0 <= self.jitter < math.inf):
+            raise ConfigError(f"delay and jitter must be finite and >= 0, got {self.delay} and {self.jitter}")
+        if self.slot is not None and not 0 < self.slot < math.inf:
             raise ConfigError(f"slot must be > 0 seconds, got {self.slot}")
-        if self.bandwidth is not None and self.bandwidth <= 0:
+        if self.bandwidth is not None and not 0 < self.bandwidth < math.inf:
             raise ConfigError(f"bandwidth must be > 0 bits/s, got {self.bandwidth}")
         GilbertElliott(self.loss, self.burst)  # validates the pair
         if self.loss_schedule is not None:
