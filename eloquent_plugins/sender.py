@@ -97,6 +97,8 @@ class EloquentSender:
         self._sent_times: dict[int, float] = {}
         self._data_numbers: deque[int] = deque()
         """Numbers of data packets above the largest acked, oldest first: what the loss estimate counts."""
+        self._run_packets: list[DataPacket] = []
+        """The data packets of the last run built, in datagram order: redundant copies re-number these."""
         self._largest_acked_packet = -1
         self._sent_upto = -1
         self._last_flush_last_packet = -1
@@ -267,7 +269,7 @@ class EloquentSender:
             self._last_flush_tail = (self._last_flush_last_packet,)
             extra = self.copies_now() - 1
             if extra:
-                datagrams = datagrams + [self._recopy(d, now) for _ in range(extra) for d in datagrams]
+                datagrams = datagrams + [self._recopy(p, now) for _ in range(extra) for p in self._run_packets]
                 last = self._last_flush_last_packet
                 self._last_flush_tail = (last, *range(self._packet_number - 1, last, -(len(datagrams) // (extra + 1))))
             if self.config.copies > 1:
@@ -286,10 +288,8 @@ class EloquentSender:
                                now)]
         return []
 
-    def _recopy(self, datagram: bytes, now: float) -> bytes:
+    def _recopy(self, packet: DataPacket, now: float) -> bytes:
         """The same data packet under a fresh number, so the loss estimate sees each copy's fate."""
-        packet = decode_packet(datagram, self.config.limits)
-        assert isinstance(packet, DataPacket)
         self.stats.redundant_packets += 1
         return self._encode_data(replace(packet, packet_number=self._take_packet_number(now)), now)
 
@@ -323,6 +323,7 @@ class EloquentSender:
         budget = limits.max_datagram_size
         ref_index = self._base - 1 if self._reference is not None else None
         datagrams: list[bytes] = []
+        self._run_packets = []  # what _data_packet encodes into ``datagrams``, in the same order (for copies)
         entries: list[Entry] = []
         size = 0
         previous = b""
@@ -369,8 +370,9 @@ class EloquentSender:
 
     def _data_packet(self, ref_index: int | None, entries: list[Entry], now: float) -> bytes:
         number = self._take_packet_number(now)
-        return self._encode_data(DataPacket(self.stream_id, number, ref_index, entries[0].index, tuple(entries)),
-                                 now)
+        packet = DataPacket(self.stream_id, number, ref_index, entries[0].index, tuple(entries))
+        self._run_packets.append(packet)
+        return self._encode_data(packet, now)
 
     def _encode_data(self, packet: DataPacket, now: float) -> bytes:
         self.stats.data_packets += 1
