@@ -353,12 +353,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="3 requests x 80 tokens (well under a minute)")
     parser.add_argument("--requests", type=numbers.positive, default=None, help="requests per scheme (default: 8)")
     parser.add_argument("--tokens", type=numbers.positive, default=None, help="max tokens per request (default: 150)")
-    parser.add_argument("--loss", type=numbers.loss_rate, default=0.10, help="loss rate each way (default: %(default)s)")
-    parser.add_argument("--burst", type=numbers.burst, default=2.0, help="mean loss burst in packets (default: %(default)s)")
-    parser.add_argument("--rtt-ms", type=numbers.milliseconds, default=100.0, help="round-trip time (default: %(default)s)")
-    parser.add_argument("--jitter-ms", type=numbers.milliseconds, default=0.0, help="mean extra one-way delay (default: 0)")
-    parser.add_argument("--tpot-ms", type=numbers.milliseconds, default=30.0, help="engine time per token (default: %(default)s)")
-    parser.add_argument("--ttft-ms", type=numbers.milliseconds, default=200.0, help="engine time to first token (default: %(default)s)")
+    parser.add_argument("--loss", type=numbers.loss_rate, default=0.10,
+                        help="loss rate each way (default: %(default)s)")
+    parser.add_argument("--burst", type=numbers.burst, default=2.0,
+                        help="mean loss burst in packets (default: %(default)s)")
+    parser.add_argument("--rtt-ms", type=numbers.milliseconds, default=100.0,
+                        help="round-trip time (default: %(default)s)")
+    parser.add_argument("--jitter-ms", type=numbers.milliseconds, default=0.0,
+                        help="mean extra one-way delay (default: 0)")
+    parser.add_argument("--tpot-ms", type=numbers.milliseconds, default=30.0,
+                        help="engine time per token (default: %(default)s)")
+    parser.add_argument("--ttft-ms", type=numbers.milliseconds, default=200.0,
+                        help="engine time to first token (default: %(default)s)")
     parser.add_argument("--seed", type=numbers.seed, default=1, help="relay loss seed (default: %(default)s)")
     parser.add_argument("--json", metavar="PATH", default=None, help="write conditions, per-scheme figures and "
                         "the summary as JSON")

@@ -565,14 +565,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="concurrent HTTP/3 Eloquent streams (%(default)s)")
     parser.add_argument("--h3-connections", type=numbers.positive, default=d.h3_connections,
                         help="QUIC connections the HTTP/3 streams share (%(default)s)")
-    parser.add_argument("--duration", type=numbers.seconds, default=d.duration, help="seconds held after the ramp (%(default)s)")
+    parser.add_argument("--duration", type=numbers.seconds, default=d.duration,
+                        help="seconds held after the ramp (%(default)s)")
     parser.add_argument("--ramp", type=numbers.seconds, default=d.ramp, help="seconds to open every slot (%(default)s)")
     parser.add_argument("--tpot", type=numbers.seconds, default=d.tpot, help="engine seconds per token (%(default)s)")
-    parser.add_argument("--ttft", type=numbers.seconds, default=d.ttft, help="engine seconds to first token (%(default)s)")
-    parser.add_argument("--max-tokens", type=numbers.positive, default=d.max_tokens, help="tokens per stream (%(default)s)")
+    parser.add_argument("--ttft", type=numbers.seconds, default=d.ttft,
+                        help="engine seconds to first token (%(default)s)")
+    parser.add_argument("--max-tokens", type=numbers.positive, default=d.max_tokens,
+                        help="tokens per stream (%(default)s)")
     parser.add_argument("--resume-ttl", type=numbers.seconds, default=d.resume_ttl,
                         help="server's resume TTL in seconds (%(default)s)")
-    parser.add_argument("--sample-interval", type=numbers.positive_seconds, default=d.sample_interval, help=argparse.SUPPRESS)
+    parser.add_argument("--sample-interval", type=numbers.positive_seconds, default=d.sample_interval,
+                        help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="a 30 s smoke run: 100 SSE + 20 HTTP/3 streams")
     parser.add_argument("--json", metavar="PATH", help="also write every figure and sample as JSON")
 

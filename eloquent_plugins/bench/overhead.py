@@ -33,8 +33,10 @@ VARIANTS = ("bare", "middleware", "middleware-noresume", "sse-starlette")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer events and repetitions (a smoke run)")
-    parser.add_argument("--events", type=numbers.positive, default=None, help="events per stream (default 20000, quick 3000)")
-    parser.add_argument("--repeat", type=numbers.positive, default=None, help="runs per variant, best kept (default 3, quick 1)")
+    parser.add_argument("--events", type=numbers.positive, default=None,
+                        help="events per stream (default 20000, quick 3000)")
+    parser.add_argument("--repeat", type=numbers.positive, default=None,
+                        help="runs per variant, best kept (default 3, quick 1)")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="comma-separated subset of " + ", ".join(VARIANTS))
     parser.add_argument("--profile", action="store_true", help="cProfile the in-process middleware run")
@@ -51,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vllm-transport", choices=("sse", "eloquent"), default="sse",
                         help="--stream-transport of the plugin server (default sse; the HTTP measurement is the same)")
     parser.add_argument("--vllm-startup-timeout", type=numbers.positive_seconds, default=900.0, help=argparse.SUPPRESS)
-    parser.add_argument("--rounds", type=numbers.positive, default=None, help="for --target/--vllm: rounds per level; each "
+    parser.add_argument("--rounds", type=numbers.positive, default=None,
+                        help="for --target/--vllm: rounds per level; each "
                         "runs every mode once (non-streamed, streamed, and streamed around the middleware where "
                         "there is one) in a rotated order; the table gives the median of the per-round ratios "
                         "(default 9)")

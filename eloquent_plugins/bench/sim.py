@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eloquent-adaptive", action="store_true",
                         help='also run Eloquent with SenderConfig(redundancy="adaptive"): runs sent twice while '
                         "the sender sees loss")
-    parser.add_argument("--reading-pace", type=numbers.positive_seconds, default=DEFAULT_READING_PACE, metavar="SECONDS",
+    parser.add_argument("--reading-pace", type=numbers.positive_seconds, default=DEFAULT_READING_PACE,
+                        metavar="SECONDS",
                         help="seconds per token the QoE reader digests (Andes; default: %(default)s)")
     parser.add_argument("--jobs", type=numbers.positive, default=min(2, os.cpu_count() or 1),
                         help="worker processes (default: %(default)s)")

@@ -38,11 +38,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-tokens", type=numbers.positive, default=200, help="(default: %(default)s)")
     parser.add_argument("--pace-ms", type=numbers.milliseconds, default=None, metavar="MS",
                         help="release text at most one event per MS milliseconds (client-side pacing)")
-    parser.add_argument("--timeout", type=numbers.positive_seconds, default=10.0, help="seconds to connect and to get the response "
+    parser.add_argument("--timeout", type=numbers.positive_seconds, default=10.0,
+                        help="seconds to connect and to get the response "
                         "headers (default: %(default)s)")
     parser.add_argument("--loss", type=numbers.loss_rate, default=0.0, help="in-process only: relay loss rate")
     parser.add_argument("--burst", type=numbers.burst, default=2.0, help="in-process only: mean loss burst")
-    parser.add_argument("--rtt-ms", type=numbers.milliseconds, default=0.0, help="in-process only: relay round-trip time")
+    parser.add_argument("--rtt-ms", type=numbers.milliseconds, default=0.0,
+                        help="in-process only: relay round-trip time")
     parser.set_defaults(func=run)
 
 

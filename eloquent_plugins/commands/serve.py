@@ -35,7 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="live SSE streams one caller (credentials, else client IP) may hold; above it 429; "
                         "0 = unlimited (default: ELOQUENT_MAX_STREAMS_PER_CLIENT or 0)")
     parser.add_argument("--tpot", type=numbers.seconds, default=0.03, help="built-in engine: seconds per output token")
-    parser.add_argument("--ttft", type=numbers.seconds, default=0.2, help="built-in engine: seconds before the first token")
+    parser.add_argument("--ttft", type=numbers.seconds, default=0.2,
+                        help="built-in engine: seconds before the first token")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.set_defaults(func=run)
 
