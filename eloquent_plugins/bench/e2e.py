@@ -349,16 +349,21 @@ def above_floor(result: E2EResult, floor: E2EResult) -> dict[str, float | None]:
             "floor": {k: v.stall_ratio_mean for k, v in f.items()}}
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="3 requests x 80 tokens (well under a minute)")
-    parser.add_argument("--requests", type=numbers.positive, default=None, help="requests per scheme (default: 8)")
-    parser.add_argument("--tokens", type=numbers.positive, default=None, help="max tokens per request (default: 150)")
+def add_link_arguments(parser: argparse.ArgumentParser) -> None:
+    """The lossy link the relay emulates: the same options for ``bench e2e`` and ``eloquent demo``."""
     parser.add_argument("--loss", type=numbers.loss_rate, default=0.10,
                         help="loss rate each way (default: %(default)s)")
     parser.add_argument("--burst", type=numbers.burst, default=2.0,
                         help="mean loss burst in packets (default: %(default)s)")
     parser.add_argument("--rtt-ms", type=numbers.milliseconds, default=100.0,
                         help="round-trip time (default: %(default)s)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="3 requests x 80 tokens (well under a minute)")
+    parser.add_argument("--requests", type=numbers.positive, default=None, help="requests per scheme (default: 8)")
+    parser.add_argument("--tokens", type=numbers.positive, default=None, help="max tokens per request (default: 150)")
+    add_link_arguments(parser)
     parser.add_argument("--jitter-ms", type=numbers.milliseconds, default=0.0,
                         help="mean extra one-way delay (default: 0)")
     parser.add_argument("--tpot-ms", type=numbers.milliseconds, default=30.0,

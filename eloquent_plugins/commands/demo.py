@@ -23,6 +23,7 @@ from ..bench.e2e import (
     Conditions,
     E2EResult,
     Workload,
+    add_link_arguments,
     client_for,
     format_table,
     harness,
@@ -40,12 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("demo", help="watch Eloquent, retransmission and duplication stream through a lossy "
                             "link side by side", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--loss", type=numbers.loss_rate, default=0.10,
-                        help="loss rate each way (default: %(default)s)")
-    parser.add_argument("--burst", type=numbers.burst, default=2.0,
-                        help="mean loss burst in packets (default: %(default)s)")
-    parser.add_argument("--rtt-ms", type=numbers.milliseconds, default=100.0,
-                        help="round-trip time (default: %(default)s)")
+    add_link_arguments(parser)
     parser.add_argument("--tokens", type=numbers.positive, default=None,
                         help="tokens in the answer (default: 200, --quick: 80)")
     parser.add_argument("--quick", action="store_true", help="a shorter answer (about 5 s in all)")
