@@ -26,13 +26,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.servers import free_port
 from tests.support.vllm import (
     OWN_ENTRY,
     VLLM_ENTRY,
     VLLM_PYTHON,
     VllmServer,
     build_tiny_model,
-    free_port,
     launch,
     require_vllm_venv,
     serving,

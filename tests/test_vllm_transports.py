@@ -28,14 +28,13 @@ from eloquent_client import EloquentClient
 
 from eloquent_plugins.netem import PathConfig
 from eloquent_plugins.relay import RelayConfig, start_relay
-from tests.support.servers import nginx
+from tests.support.servers import free_port, nginx
 from tests.support.vllm import (
     HANG_GUARD_S,
     OWN_ENTRY,
     VLLM_ENTRY,
     VllmServer,
     build_tiny_model,
-    free_port,
     launch,
     serving,
 )

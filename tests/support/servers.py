@@ -22,10 +22,11 @@ from typing import Any
 import uvicorn
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    """A free 127.0.0.1 port (TCP, or UDP with ``socket.SOCK_DGRAM``)."""
+    with socket.socket(socket.AF_INET, kind) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen[Any] | None = None) -> None:

@@ -11,7 +11,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -21,6 +20,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+
+from tests.support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_CACHE = Path(os.environ.get("ELOQUENT_TINY_MODEL_CACHE", REPO / ".cache" / "tiny-models"))
@@ -50,12 +51,6 @@ VLLM_PYTHON = VENV / "bin" / "python"
 def require_vllm_venv() -> None:
     if not VLLM_PYTHON.exists():
         pytest.fail(f"vLLM venv missing at {VENV}: run .ci/install-vllm.sh (or set ELOQUENT_VLLM_VENV)")
-
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def build_tiny_model() -> str:
