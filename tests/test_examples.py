@@ -86,7 +86,8 @@ def process(args: list[str], *, port: int, env: dict[str, str] | None = None) ->
     """A server subprocess, up once it listens on TCP ``port``; stopped (SIGINT, then SIGKILL) afterwards."""
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(args, env={**os.environ, **(env or {})}, cwd=tempfile.gettempdir(),
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                process_group=0)  # not a new session: see tests/support/vllm.py launch()
         try:
             try:
                 wait_for_port(port, timeout=HANG_GUARD_S, proc=proc)
@@ -243,8 +244,8 @@ def triton_example() -> Iterator[TritonPorts]:
     args = [str(python), str(EXAMPLES / "triton_decoupled_model.py"), "--http-port", str(ports.http),
             "--grpc-port", str(ports.grpc), "--metrics-port", str(port_below_ephemeral_range())]
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(args, env=env, cwd=tempfile.gettempdir(), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(args, env=env, cwd=tempfile.gettempdir(), stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, process_group=0)  # see tests/support/vllm.py launch()
         try:
             ready = f"http://127.0.0.1:{ports.http}/v2/models/echo_stream/ready"
             deadline = time.monotonic() + SERVER_START_S
@@ -302,8 +303,8 @@ def vllm_example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmExamp
     log_path = workdir / "vllm.log"
     with log_path.open("wb") as log:
         # Not from the repo root: the checkout's egg-info would shadow the vLLM venv's package metadata.
-        proc = subprocess.Popen(args, env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(args, env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, process_group=0)  # see tests/support/vllm.py launch()
     try:
         deadline = time.monotonic() + SERVER_START_S
         while not _answers(f"http://127.0.0.1:{server.port}/health"):

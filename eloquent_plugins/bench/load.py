@@ -337,7 +337,8 @@ def start_server(cfg: LoadConfig, log_path: str) -> tuple[subprocess.Popen[bytes
            "--eloquent-port", str(udp), "--tpot", str(cfg.tpot), "--ttft", str(cfg.ttft), "--log-level", "warning"]
     env = {**os.environ, "ELOQUENT_RESUME_TTL": str(cfg.resume_ttl)}
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                process_group=0)  # see procs.stop_process
     wait_healthy(proc, f"http://127.0.0.1:{port}/health", timeout=60, log_path=log_path, what="eloquent serve",
                  interval=0.2)
     return proc, port, udp

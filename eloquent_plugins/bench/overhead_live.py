@@ -436,8 +436,8 @@ def start_vllm(python: str, model: str, flags: list[str], extra: list[str], log_
             raise RuntimeError("--server-cpus needs taskset (util-linux)")
         cmd = [taskset, "-c", ",".join(map(str, sorted(cpus))), *cmd]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=tempfile.gettempdir(), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=tempfile.gettempdir(), env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, process_group=0)  # see procs.stop_process
     url = f"http://127.0.0.1:{port}"
     wait_healthy(proc, url + "/health", timeout=timeout, log_path=log_path, what="vLLM", interval=1.0)
     return proc, url

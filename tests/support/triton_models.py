@@ -404,7 +404,8 @@ class TritonServerProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            process_group=0,  # not a new session (own scheduler autogroup): see tests/support/vllm.py launch()
         )
         ready = threading.Event()
         clash = threading.Event()

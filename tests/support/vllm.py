@@ -131,8 +131,12 @@ def launch(name: str, module: str, model: str, workdir: Path, env: dict[str, str
            "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(max_num_seqs), "--dtype", "float32",
            "--seed", "0", "--enforce-eager", *flags]
     with log.open("wb") as out:
-        process = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        # Its own process group (for killpg), but NOT its own session: Linux puts each session in its own
+        # scheduler autogroup, and a vLLM-CPU engine (a worker computing flat out, an EngineCore spinning on
+        # sched_yield) in a group of its own starved this test process and the API server for 20-170 s at a time
+        # on 2 cores (a /metrics GET took up to 170 s; nginx never saw the queued request). Same session: fair.
+        process = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                   stderr=subprocess.STDOUT, process_group=0)
     return VllmServer(name, port, process, log, eloquent_port)
 
 
