@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 
 import pytest
@@ -82,6 +83,8 @@ def test_load_client_counts_a_wrong_text_as_an_error(tmp_path) -> None:
     cfg = load.LoadConfig(sse_streams=1, h3_streams=0, tpot=0.0, ttft=0.0, max_tokens=5)
     proc, port, _ = load.start_server(cfg, str(tmp_path / "server.log"))
     try:
+        # Measured server in the benchmark's session (one scheduler autogroup), in a process group of its own.
+        assert (os.getsid(proc.pid), os.getpgid(proc.pid)) == (os.getsid(0), proc.pid)
         expected = load._expected_texts(port, cfg)
         prompt = next(iter(expected))
         wrong = {prompt: expected[prompt] + " (one more token)"}

