@@ -36,6 +36,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from eloquent_plugins.bench.procs import stop_process
 from eloquent_plugins.netem import PathConfig
 from eloquent_plugins.relay import RelayConfig, start_relay
 from eloquent_plugins.sse.parser import SSEParser
@@ -314,15 +315,9 @@ def vllm_example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmExamp
             time.sleep(1)
         yield server
     finally:
-        if proc.poll() is None:
-            # SIGTERM to the launcher alone: it stops its engine processes itself, at once (signalling the
-            # whole process group made its shutdown take ~30 s).
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(30)
+        # SIGTERM to the launcher alone: it stops its engine processes itself, at once (signalling the whole
+        # process group made its shutdown take ~30 s); the group gets SIGKILL only after 60 s.
+        stop_process(proc)
 
 
 def test_vllm_serve_script_with_both_client_examples(vllm_example: VllmExample) -> None:

@@ -10,7 +10,6 @@ with the packets before (common random numbers: schemes are compared on the same
 from __future__ import annotations
 
 import math
-
 import random
 from dataclasses import dataclass
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ import httpx
 import openai
 import pytest
 
+from eloquent_plugins.bench.procs import stop_process
 from tests.support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,13 +108,7 @@ class VllmServer:
         pytest.fail(f"vLLM server {self.name!r} not ready after {STARTUP_TIMEOUT_S:.0f} s:\n{self.log_tail()}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=30)
+        stop_process(self.process)  # SIGTERM; SIGKILL to the process group after 60 s
 
 
 def launch(name: str, module: str, model: str, workdir: Path, env: dict[str, str], *flags: str,
