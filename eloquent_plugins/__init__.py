@@ -4,15 +4,15 @@ The core is sans-I/O: ``EloquentSender``/``EloquentReceiver`` take events, datag
 datagrams, events and deadlines. Transports, the simulator and the tests all drive these same machines.
 """
 
-from .config import StreamConfig
-from .errors import (ConfigError, DecodeError, EloquentError, LimitExceeded, ProtocolError, ProtocolViolation,
+from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.core.errors import (ConfigError, DecodeError, EloquentError, LimitExceeded, ProtocolError, ProtocolViolation,
                      StreamClosed)
-from .events import EventKind, StreamEvent
-from .keepalive import KeepAlivePolicy, KeepAliveTimer
-from .limits import Limits
-from .receiver import EloquentReceiver, ReceiverConfig
-from .sender import EloquentSender, SenderConfig
-from .stall import StallReport, stall_metrics
+from eloquent_plugins.core.events import EventKind, StreamEvent
+from eloquent_plugins.core.keepalive import KeepAlivePolicy, KeepAliveTimer
+from eloquent_plugins.core.limits import Limits
+from eloquent_plugins.core.receiver import EloquentReceiver, ReceiverConfig
+from eloquent_plugins.core.sender import EloquentSender, SenderConfig
+from eloquent_plugins.core.stall import StallReport, stall_metrics
 
 __version__ = "0.1.0"
 

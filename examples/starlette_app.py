@@ -25,8 +25,8 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from eloquent_plugins.config import StreamConfig
-from eloquent_plugins.sse.middleware import EloquentMiddleware
+from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 
 
 async def tokens(prompt: str, first_token_delay: float) -> AsyncIterator[bytes]:

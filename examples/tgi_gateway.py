@@ -19,8 +19,8 @@ import uvicorn
 from eloquent_tgi.gateway import create_tgi_gateway
 from text_generation import AsyncClient
 
-from eloquent_plugins.config import StreamConfig
-from eloquent_plugins.sse.middleware import EloquentMiddleware
+from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 
 
 async def ask(gateway_url: str, prompt: str, max_new_tokens: int) -> None:

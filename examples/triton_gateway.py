@@ -23,8 +23,8 @@ import uvicorn
 from eloquent_client.sse import stream_sse
 from eloquent_triton.gateway import create_triton_gateway
 
-from eloquent_plugins.config import StreamConfig
-from eloquent_plugins.sse.middleware import EloquentMiddleware
+from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 
 
 async def ask(gateway_url: str, model: str, prompt: str) -> None:

@@ -20,13 +20,13 @@ import sys
 import atheris
 
 with atheris.instrument_imports(include=["eloquent_plugins"]):
-    from eloquent_plugins.errors import ProtocolError
-    from eloquent_plugins.events import EventKind, StreamEvent
-    from eloquent_plugins.keepalive import KeepAlivePolicy
-    from eloquent_plugins.limits import Limits
-    from eloquent_plugins.receiver import EloquentReceiver, ReceiverConfig
-    from eloquent_plugins.sender import EloquentSender, SenderConfig
-    from eloquent_plugins.wire import (
+    from eloquent_plugins.core.errors import ProtocolError
+    from eloquent_plugins.core.events import EventKind, StreamEvent
+    from eloquent_plugins.core.keepalive import KeepAlivePolicy
+    from eloquent_plugins.core.limits import Limits
+    from eloquent_plugins.core.receiver import EloquentReceiver, ReceiverConfig
+    from eloquent_plugins.core.sender import EloquentSender, SenderConfig
+    from eloquent_plugins.core.wire import (
         AckPacket,
         DataPacket,
         Entry,

@@ -20,15 +20,15 @@ from typing import Any
 import atheris
 
 with atheris.instrument_imports(include=["eloquent_plugins"]):
-    from eloquent_plugins.resume.base import StreamMeta
-    from eloquent_plugins.resume.memory import MemoryStore
-    from eloquent_plugins.sse.ids import (
+    from eloquent_plugins.transports.resume.base import StreamMeta
+    from eloquent_plugins.transports.resume.memory import MemoryStore
+    from eloquent_plugins.transports.sse.ids import (
         BadEventId,
         identity_hash,
         parse_event_id,
         resume_request,
     )
-    from eloquent_plugins.sse.streamlog import EventsGone, StreamLog
+    from eloquent_plugins.transports.resume.log import EventsGone, StreamLog
 
 TOKEN = "Zq3-_k9PdL0wXyA1bC2eFg"  # fixed (not secret) so crash reproducers replay; real ones come from secrets
 OWNER_HEADERS = [(b"authorization", b"Bearer sk-owner")]

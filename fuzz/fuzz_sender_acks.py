@@ -15,12 +15,12 @@ import sys
 import atheris
 
 with atheris.instrument_imports(include=["eloquent_plugins"]):
-    from eloquent_plugins.errors import ProtocolError
-    from eloquent_plugins.events import EventKind
-    from eloquent_plugins.keepalive import KeepAlivePolicy
-    from eloquent_plugins.limits import Limits
-    from eloquent_plugins.sender import EloquentSender, SenderConfig
-    from eloquent_plugins.wire import (
+    from eloquent_plugins.core.errors import ProtocolError
+    from eloquent_plugins.core.events import EventKind
+    from eloquent_plugins.core.keepalive import KeepAlivePolicy
+    from eloquent_plugins.core.limits import Limits
+    from eloquent_plugins.core.sender import EloquentSender, SenderConfig
+    from eloquent_plugins.core.wire import (
         AckPacket,
         DataPacket,
         KeepAlivePacket,

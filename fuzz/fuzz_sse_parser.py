@@ -14,8 +14,8 @@ import sys
 import atheris
 
 with atheris.instrument_imports(include=["eloquent_plugins"]):
-    from eloquent_plugins.errors import LimitExceeded
-    from eloquent_plugins.sse.parser import SSEMessage, SSEParser
+    from eloquent_plugins.core.errors import LimitExceeded
+    from eloquent_plugins.core.sse_reader import SSEMessage, SSEParser
 
 _LINE = re.compile(rb"(.*?)(\r\n|\r|\n)", re.DOTALL)
 

@@ -12,9 +12,9 @@ import sys
 import atheris
 
 with atheris.instrument_imports(include=["eloquent_plugins"]):
-    from eloquent_plugins.errors import DecodeError, LimitExceeded
-    from eloquent_plugins.limits import Limits
-    from eloquent_plugins.wire import (
+    from eloquent_plugins.core.errors import DecodeError, LimitExceeded
+    from eloquent_plugins.core.limits import Limits
+    from eloquent_plugins.core.wire import (
         AckPacket,
         DataPacket,
         decode_packet,

@@ -12,10 +12,10 @@ import hashlib
 import json
 from pathlib import Path
 
-from eloquent_plugins.limits import Limits
-from eloquent_plugins.receiver import EloquentReceiver
-from eloquent_plugins.sender import EloquentSender, SenderConfig
-from eloquent_plugins.sse.ids import new_token
+from eloquent_plugins.core.limits import Limits
+from eloquent_plugins.core.receiver import EloquentReceiver
+from eloquent_plugins.core.sender import EloquentSender, SenderConfig
+from eloquent_plugins.transports.sse.ids import new_token
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eloquent_plugins.bench import load
-from eloquent_plugins.bench.lighthttp import ResponseError, Result, _Exchange
+from eloquent_plugins.cli.bench import load
+from eloquent_plugins.cli.bench.lighthttp import ResponseError, Result, _Exchange
 
 
 def _chunked(body_parts: list[bytes]) -> bytes:

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from eloquent_plugins.bench import lighthttp
-from eloquent_plugins.bench import overhead_live as live
-from eloquent_plugins.bench.overhead import main
-from eloquent_plugins.config import StreamConfig
+from eloquent_plugins.cli.bench import lighthttp
+from eloquent_plugins.cli.bench import overhead_live as live
+from eloquent_plugins.cli.bench.overhead import main
+from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
-from eloquent_plugins.sse.middleware import EloquentMiddleware
+from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 from tests.support.servers import UvicornThread
 
 MODEL = "eloquent-builtin"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from eloquent_client import EloquentClient
 
-from eloquent_plugins.sse.parser import SSEParser
+from eloquent_plugins.core.sse_reader import SSEParser
 from tests.support.servers import eloquent_serve, free_port
 from tests.support.tgi_server import create_tgi_server, run_in_thread
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from eloquent_plugins.cli import build_parser
+from eloquent_plugins.cli.main import build_parser
 
 ELOQUENT = str(Path(sys.executable).with_name("eloquent"))
 NEVER_A_NUMBER_HERE = ("nan", "inf", "-inf", "-1", "1e400", "soon", "")

@@ -6,15 +6,15 @@ from __future__ import annotations
 import random
 
 import pytest
-from eloquent_client.assembler import EloquentAssembler
-from eloquent_client.events import IncompleteStream
+from eloquent_plugins.core.assembler import EloquentAssembler
+from eloquent_plugins.core.errors import IncompleteStream
 
-from eloquent_plugins.errors import LimitExceeded, ProtocolViolation
-from eloquent_plugins.events import EventKind
-from eloquent_plugins.quic.stream import EloquentResponseStream
-from eloquent_plugins.sender import SenderConfig
-from eloquent_plugins.sse.framing import format_event
-from eloquent_plugins.wire import AckPacket, encode_packet
+from eloquent_plugins.core.errors import LimitExceeded, ProtocolViolation
+from eloquent_plugins.core.events import EventKind
+from eloquent_plugins.core.response_stream import EloquentResponseStream
+from eloquent_plugins.core.sender import SenderConfig
+from eloquent_plugins.core.sse_writer import format_event
+from eloquent_plugins.core.wire import AckPacket, encode_packet
 
 SID = 4
 BODY = b"".join(format_event(f'{{"choices":[{{"delta":{{"content":"w{i} "}}}}]}}') for i in range(40))
@@ -100,7 +100,7 @@ def test_server_stream_rejects_lies_and_floods() -> None:
 
 
 def test_oversized_event_is_refused_before_it_is_logged() -> None:
-    from eloquent_plugins.limits import Limits
+    from eloquent_plugins.core.limits import Limits
 
     server = EloquentResponseStream(SID, SenderConfig(limits=Limits(max_event_bytes=100)), now=0.0)
     with pytest.raises(LimitExceeded):

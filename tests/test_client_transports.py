@@ -18,10 +18,10 @@ from eloquent_client import (
     text_delta,
 )
 
-from eloquent_plugins.config import StreamConfig
+from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
-from eloquent_plugins.errors import ConfigError
-from eloquent_plugins.quic import start_http3_server
+from eloquent_plugins.core.errors import ConfigError
+from eloquent_plugins.transports.http3 import start_http3_server
 
 BODY = {"model": "eloquent-builtin", "messages": [{"role": "user", "content": "three ways"}], "stream": True,
         "max_tokens": 40}

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from eloquent_plugins import ConfigError, KeepAlivePolicy, KeepAliveTimer, StreamConfig, stall_metrics
-from eloquent_plugins.cli import build_parser
-from eloquent_plugins.codecs import OpenAICodec, TGICodec, TritonCodec
-from eloquent_plugins.codecs.base import CodecError
-from eloquent_plugins.stall import andes_qoe, percentile, stall_time
-from eloquent_plugins.upstream import parse_upstream
+from eloquent_plugins.cli.main import build_parser
+from eloquent_plugins.core.codecs import OpenAICodec, TGICodec, TritonCodec
+from eloquent_plugins.core.codecs.base import CodecError
+from eloquent_plugins.core.stall import andes_qoe, percentile, stall_time
+from eloquent_plugins.core.upstream import parse_upstream
 
 
 def test_keepalive_is_idle_based() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from eloquent_plugins.cli import main
+from eloquent_plugins.cli.main import main
 
 
 def test_demo_finishes_on_its_own_and_prints_the_stall_table(capsys) -> None:  # type: ignore[no-untyped-def]

@@ -3,14 +3,14 @@ Correctness only -- the stall figures are the benchmark's job (``eloquent bench 
 
 from __future__ import annotations
 
-from eloquent_plugins.bench.e2e import (
+from eloquent_plugins.cli.bench.e2e import (
     SCHEMES,
     Conditions,
     Workload,
     format_table,
     run_e2e,
 )
-from eloquent_plugins.netem import LossSchedule, Outage
+from eloquent_plugins.sim.netem import LossSchedule, Outage
 
 
 def check(result) -> None:  # type: ignore[no-untyped-def]

@@ -36,10 +36,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eloquent_plugins.bench.procs import stop_process
-from eloquent_plugins.netem import PathConfig
-from eloquent_plugins.relay import RelayConfig, start_relay
-from eloquent_plugins.sse.parser import SSEParser
+from eloquent_plugins.cli.bench.procs import stop_process
+from eloquent_plugins.sim.netem import PathConfig
+from eloquent_plugins.sim.udp_relay import RelayConfig, start_relay
+from eloquent_plugins.core.sse_reader import SSEParser
 from tests.support.cutproxy import CutPlan, CutProxy
 from tests.support.servers import free_port, redis_server, wait_for_port
 from tests.support.tgi_server import (

@@ -21,13 +21,13 @@ import httpx
 import pytest
 from eloquent_client import ClientError, EloquentClient, StreamFailed
 
-from eloquent_plugins.config import StreamConfig
+from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
-from eloquent_plugins.netem import Outage
-from eloquent_plugins.quic import FrontEndOptions, start_http3_server
-from eloquent_plugins.relay import RelayConfig, start_relay
-from eloquent_plugins.sse.middleware import EloquentMiddleware
-from eloquent_plugins.sse.parser import SSEParser
+from eloquent_plugins.sim.netem import Outage
+from eloquent_plugins.transports.http3 import FrontEndOptions, start_http3_server
+from eloquent_plugins.sim.udp_relay import RelayConfig, start_relay
+from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+from eloquent_plugins.core.sse_reader import SSEParser
 from tests.support.servers import (
     UvicornProcess,
     UvicornThread,
@@ -330,7 +330,7 @@ async def test_restart_with_redis_store_resumes_on_the_new_instance() -> None:
 async def test_producer_replica_crash_ends_a_resume_on_another_replica_instead_of_hanging() -> None:
     """A replica dies mid-stream (SIGKILL, no end marker written): a resume on another replica must not wait for
     the keys to expire (minutes); the producer's heartbeat lapses and the body ends uncompleted."""
-    from eloquent_plugins.resume.redis_store import HEARTBEAT_TTL
+    from eloquent_plugins.transports.resume.redis_store import HEARTBEAT_TTL
 
     async def scenario() -> None:
         with RedisProcess() as redis:

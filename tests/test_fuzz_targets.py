@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from eloquent_plugins.engine import EngineConfig, create_engine_app
-from eloquent_plugins.receiver import EloquentReceiver
-from eloquent_plugins.sender import EloquentSender
-from eloquent_plugins.sse.parser import SSEParser
+from eloquent_plugins.core.receiver import EloquentReceiver
+from eloquent_plugins.core.sender import EloquentSender
+from eloquent_plugins.core.sse_reader import SSEParser
 
 ROOT = Path(__file__).resolve().parent.parent
 FUZZ = ROOT / "fuzz"

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from eloquent_plugins.errors import ConfigError, EloquentError
-from eloquent_plugins.netem import (GilbertElliott, LossProcess, Outage, PathConfig, PathModel, SlottedPath,
+from eloquent_plugins.core.errors import ConfigError, EloquentError
+from eloquent_plugins.sim.netem import (GilbertElliott, LossProcess, Outage, PathConfig, PathModel, SlottedPath,
                                     TraceError, load_trace, parse_loss_schedule, parse_outage, parse_trace)
 
 

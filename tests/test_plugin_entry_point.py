@@ -12,16 +12,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eloquent_plugins.config import StreamConfig
+from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
-from eloquent_plugins.plugins import create_plugin_manager
-from eloquent_plugins.sse.middleware import EloquentMiddleware
-from eloquent_plugins.sse.parser import SSEParser
+from eloquent_plugins.core.hooks.manager import create_plugin_manager
+from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+from eloquent_plugins.core.sse_reader import SSEParser
 
 PLUGIN = '''
 """Test plugin: records every hook call into the file named by $EVENT_LOG."""
 import json, os
-from eloquent_plugins.hookspecs import hookimpl
+from eloquent_plugins.core.hooks.specs import hookimpl
 
 def _log(**record):
     with open(os.environ["EVENT_LOG"], "a") as f:

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eloquent_plugins import EloquentReceiver, EloquentSender, EventKind, Limits, ReceiverConfig, SenderConfig
-from eloquent_plugins.keepalive import KeepAlivePolicy
-from eloquent_plugins.wire import DataPacket, decode_packet
+from eloquent_plugins.core.keepalive import KeepAlivePolicy
+from eloquent_plugins.core.wire import DataPacket, decode_packet
 
 LOSSY_UNTIL = 5.0
 """Virtual seconds of adversarial network; afterwards the path is clean so every stream must complete."""

@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from eloquent_client import EloquentClient, H3Stream, Http3ClientConnection
 
-from eloquent_plugins.config import StreamConfig
+from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
-from eloquent_plugins.errors import DecodeError, LimitExceeded, ProtocolViolation
-from eloquent_plugins.quic import Http3Server, start_http3_server
-from eloquent_plugins.wire import AckPacket, encode_packet
+from eloquent_plugins.core.errors import DecodeError, LimitExceeded, ProtocolViolation
+from eloquent_plugins.transports.http3 import Http3Server, start_http3_server
+from eloquent_plugins.core.wire import AckPacket, encode_packet
 
 BODY = {"model": "eloquent-builtin", "messages": [{"role": "user", "content": "abuse"}], "stream": True,
         "max_tokens": 150}

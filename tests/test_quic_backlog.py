@@ -7,11 +7,11 @@ import asyncio
 
 from eloquent_client import EloquentClient
 
-from eloquent_plugins.config import StreamConfig
+from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
-from eloquent_plugins.netem import LossSchedule, PathConfig
-from eloquent_plugins.quic import start_http3_server
-from eloquent_plugins.relay import RelayConfig, start_relay
+from eloquent_plugins.sim.netem import LossSchedule, PathConfig
+from eloquent_plugins.transports.http3 import start_http3_server
+from eloquent_plugins.sim.udp_relay import RelayConfig, start_relay
 
 
 async def test_no_stale_datagram_backlog_under_loss() -> None:

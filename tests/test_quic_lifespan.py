@@ -10,9 +10,9 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from eloquent_plugins.config import StreamConfig
-from eloquent_plugins.errors import ConfigError
-from eloquent_plugins.quic.server import start_http3_server
+from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.core.errors import ConfigError
+from eloquent_plugins.transports.http3.server import start_http3_server
 
 
 def make_app(events: list[str], fail: bool = False) -> Starlette:

@@ -15,12 +15,12 @@ from eloquent_client import (
     StreamFailed,
 )
 
-from eloquent_plugins.config import StreamConfig
+from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
-from eloquent_plugins.hookspecs import hookimpl
-from eloquent_plugins.limits import Limits
-from eloquent_plugins.plugins import create_plugin_manager
-from eloquent_plugins.quic import (
+from eloquent_plugins.core.hooks.specs import hookimpl
+from eloquent_plugins.core.limits import Limits
+from eloquent_plugins.core.hooks.manager import create_plugin_manager
+from eloquent_plugins.transports.http3 import (
     FrontEndOptions,
     Http3Server,
     StreamDigest,
@@ -222,7 +222,7 @@ async def test_hooks_see_and_transform_events(server: Http3Server) -> None:
 
 
 async def test_configured_certificate_and_verification(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from eloquent_plugins.quic.certs import generate_dev_certificate
+    from eloquent_plugins.transports.http3.certs import generate_dev_certificate
 
     pair = generate_dev_certificate(tmp_path)
     app = create_engine_app(EngineConfig(ttft=0.0, tpot=0.0))

@@ -8,10 +8,10 @@ import stat
 
 import pytest
 
-from eloquent_plugins.config import StreamConfig
-from eloquent_plugins.errors import ConfigError, DecodeError, LimitExceeded
-from eloquent_plugins.events import EventKind, StreamEvent
-from eloquent_plugins.quic import (
+from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.core.errors import ConfigError, DecodeError, LimitExceeded
+from eloquent_plugins.core.events import EventKind, StreamEvent
+from eloquent_plugins.transports.http3 import (
     ControlParser,
     DatagramQueue,
     Fallback,
@@ -21,12 +21,12 @@ from eloquent_plugins.quic import (
     scheme_for,
     sender_config_for,
 )
-from eloquent_plugins.quic.certs import (
+from eloquent_plugins.transports.http3.certs import (
     dev_certificate,
     generate_dev_certificate,
     resolve_certificate,
 )
-from eloquent_plugins.quic.control import encode_fallback, encode_trailer
+from eloquent_plugins.core.control import encode_fallback, encode_trailer
 
 
 def test_queue_supersedes_a_parked_eloquent_run_and_serves_streams_round_robin() -> None:

@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
-from eloquent_plugins.cli import main
-from eloquent_plugins.netem import Outage, PathConfig
-from eloquent_plugins.relay import RelayConfig, parse_hostport, start_relay
-from eloquent_plugins.errors import ConfigError
+from eloquent_plugins.cli.main import main
+from eloquent_plugins.sim.netem import Outage, PathConfig
+from eloquent_plugins.sim.udp_relay import RelayConfig, parse_hostport, start_relay
+from eloquent_plugins.core.errors import ConfigError
 
 
 class _Collector(asyncio.DatagramProtocol):

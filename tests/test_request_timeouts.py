@@ -22,16 +22,16 @@ import httpx
 import pytest
 from eloquent_client import EloquentClient, H3Stream
 
-from eloquent_plugins.config import StreamConfig
+from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
-from eloquent_plugins.errors import ConfigError
-from eloquent_plugins.http_timeouts import (
+from eloquent_plugins.core.errors import ConfigError
+from eloquent_plugins.transports.request_timeouts import (
     BodyTimeoutMiddleware,
     header_timeout_protocol,
 )
-from eloquent_plugins.quic import start_http3_server
-from eloquent_plugins.sse.ids import client_key
-from eloquent_plugins.sse.middleware import EloquentMiddleware
+from eloquent_plugins.transports.http3 import start_http3_server
+from eloquent_plugins.transports.sse.ids import client_key
+from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 from tests.support.servers import eloquent_serve
 
 ELOQUENT = str(Path(sys.executable).with_name("eloquent"))

@@ -10,10 +10,10 @@ import httpx
 import pytest
 
 from eloquent_client.sse import stream_sse
-from eloquent_plugins.config import StreamConfig
+from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.engine import Engine, EngineConfig, create_engine_app
 from eloquent_plugins.engine.requests import parse_request
-from eloquent_plugins.sse.middleware import EloquentMiddleware
+from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 from tests.support.cutproxy import CutPlan, CutProxy
 from tests.support.servers import UvicornThread
 

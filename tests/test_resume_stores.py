@@ -7,13 +7,13 @@ import asyncio
 
 import pytest
 
-from eloquent_plugins.config import StreamConfig
-from eloquent_plugins.errors import ConfigError
-from eloquent_plugins.resume import create_store
-from eloquent_plugins.resume.base import StreamMeta
-from eloquent_plugins.resume.memory import MemoryLimits, MemoryStore
-from eloquent_plugins.resume.redis_store import RedisSource, RedisStore
-from eloquent_plugins.sse.streamlog import EventsGone
+from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.core.errors import ConfigError
+from eloquent_plugins.transports.resume import create_store
+from eloquent_plugins.transports.resume.base import StreamMeta
+from eloquent_plugins.transports.resume.memory import MemoryLimits, MemoryStore
+from eloquent_plugins.transports.resume.redis_store import RedisSource, RedisStore
+from eloquent_plugins.transports.resume.log import EventsGone
 from tests.support.servers import redis_server
 
 META = StreamMeta("s-1", "owner", 200, ((b"content-type", b"text/event-stream"),), "/v1/chat/completions", "openai")

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from test_protocol_properties import payloads, run_stream
 
 from eloquent_plugins import EloquentReceiver, EloquentSender, EventKind, ReceiverConfig, SenderConfig
-from eloquent_plugins.keepalive import KeepAlivePolicy
-from eloquent_plugins.limits import Limits
-from eloquent_plugins.rtt import LossEstimator
-from eloquent_plugins.wire import AckPacket, DataPacket, KeepAlivePacket, decode_packet, encode_packet
+from eloquent_plugins.core.keepalive import KeepAlivePolicy
+from eloquent_plugins.core.limits import Limits
+from eloquent_plugins.core.rtt import LossEstimator
+from eloquent_plugins.core.wire import AckPacket, DataPacket, KeepAlivePacket, decode_packet, encode_packet
 
 NO_KEEPALIVE = KeepAlivePolicy(interval=0.0)
 

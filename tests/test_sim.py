@@ -8,14 +8,14 @@ import random
 
 import pytest
 
-from eloquent_plugins.bench import sim as bench_sim
-from eloquent_plugins.cli import main
-from eloquent_plugins.errors import ConfigError
-from eloquent_plugins.netem import parse_trace
+from eloquent_plugins.cli.bench import sim as bench_sim
+from eloquent_plugins.cli.main import main
+from eloquent_plugins.core.errors import ConfigError
+from eloquent_plugins.sim.netem import parse_trace
 from eloquent_plugins.sim import Scenario, custom_plan, parse_scenario, simulate_stream
 from eloquent_plugins.sim.run import StreamSeeds, run_eloquent, run_oracle, run_tcp
 from eloquent_plugins.sim.timeline import TokenModel, generate_timeline
-from eloquent_plugins.stall import stall_metrics
+from eloquent_plugins.core.stall import stall_metrics
 
 
 def _stall(run) -> float:

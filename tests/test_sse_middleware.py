@@ -16,12 +16,12 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from eloquent_client.sse import SSEStreamError, stream_sse
-from eloquent_plugins.config import StreamConfig
+from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
-from eloquent_plugins.hookspecs import hookimpl
-from eloquent_plugins.plugins import create_plugin_manager
-from eloquent_plugins.sse.middleware import EloquentMiddleware
-from eloquent_plugins.sse.parser import SSEParser
+from eloquent_plugins.core.hooks.specs import hookimpl
+from eloquent_plugins.core.hooks.manager import create_plugin_manager
+from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+from eloquent_plugins.core.sse_reader import SSEParser
 from tests.support.servers import UvicornThread
 
 
@@ -363,14 +363,14 @@ async def test_openai_sdk_and_httpx_sse_read_it_unchanged(server, client):
 async def test_one_correlation_id_in_the_logs_of_every_connection(client, caplog):
     import logging
 
-    caplog.set_level(logging.INFO, logger="eloquent_plugins.sse")
+    caplog.set_level(logging.INFO, logger="eloquent_plugins.transports.sse")
     body = chat(40, seed=21, tpot=0.01)
     last_id = await _read_then_drop(client, body, "default", 5)
     _, chunks = await raw_stream(client, body, **{"last-event-id": last_id})
     assert SSEParser().feed(b"".join(chunks))[-1].data == "[DONE]"
     await wait_until(lambda: any("ended" in r.getMessage() and "first connection" in r.getMessage()
                                  for r in caplog.records))
-    lines = [r.getMessage() for r in caplog.records if r.name == "eloquent_plugins.sse"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "eloquent_plugins.transports.sse"]
     started = next(line for line in lines if " started: " in line)
     stream_id = started.split()[0]  # "stream=s-..."
     assert any(stream_id in line and "resumed after event" in line for line in lines)

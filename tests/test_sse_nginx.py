@@ -9,10 +9,10 @@ import json
 import httpx
 import pytest
 
-from eloquent_plugins.config import StreamConfig
+from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
-from eloquent_plugins.sse.middleware import EloquentMiddleware
-from eloquent_plugins.sse.parser import SSEParser
+from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+from eloquent_plugins.core.sse_reader import SSEParser
 from tests.support.servers import UvicornThread, nginx
 
 BODY = {"messages": [{"role": "user", "content": "slow"}], "stream": True, "max_tokens": 6, "seed": 3,

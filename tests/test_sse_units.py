@@ -9,20 +9,20 @@ from typing import Any
 
 import pytest
 
-from eloquent_plugins.config import StreamConfig
-from eloquent_plugins.keepalive import KeepAlivePolicy
-from eloquent_plugins.metrics import StreamMetrics
-from eloquent_plugins.resume.base import StreamMeta
-from eloquent_plugins.resume.local import LocalSource
-from eloquent_plugins.keepalive import SSE_COMMENT_FRAME as KEEPALIVE_COMMENT
-from eloquent_plugins.sse.connection import Connection
-from eloquent_plugins.sse.headers import is_event_stream, stream_headers
-from eloquent_plugins.sse.ids import BadEventId, identity_hash, new_token, parse_event_id, resume_request
-from eloquent_plugins.sse.merge import merge_openai
-from eloquent_plugins.sse.middleware import EloquentMiddleware
-from eloquent_plugins.sse.parser import SSEParser
-from eloquent_plugins.sse.relay import ReceiveRelay
-from eloquent_plugins.sse.streamlog import EventsGone, StreamLog
+from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.core.keepalive import KeepAlivePolicy
+from eloquent_plugins.transports.metrics import StreamMetrics
+from eloquent_plugins.transports.resume.base import StreamMeta
+from eloquent_plugins.transports.resume.local import LocalSource
+from eloquent_plugins.core.keepalive import SSE_COMMENT_FRAME as KEEPALIVE_COMMENT
+from eloquent_plugins.transports.sse.connection import Connection
+from eloquent_plugins.transports.sse.headers import is_event_stream, stream_headers
+from eloquent_plugins.transports.sse.ids import BadEventId, identity_hash, new_token, parse_event_id, resume_request
+from eloquent_plugins.transports.sse.merge import merge_openai
+from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+from eloquent_plugins.core.sse_reader import SSEParser
+from eloquent_plugins.transports.sse.receive import ReceiveRelay
+from eloquent_plugins.transports.resume.log import EventsGone, StreamLog
 
 META = StreamMeta("s-1", "", 200, ())
 
@@ -213,7 +213,7 @@ async def test_apps_that_fail_before_streaming_keep_their_status():
 
 
 async def test_an_unreachable_resume_store_degrades_to_plain_streaming():
-    from eloquent_plugins.resume.redis_store import RedisStore
+    from eloquent_plugins.transports.resume.redis_store import RedisStore
     from tests.support.servers import free_port
 
     async def app(scope: Any, receive: Any, send: Any) -> None:

@@ -15,9 +15,9 @@ import pytest
 from eloquent_client import EloquentClient, StreamFailed
 from eloquent_tgi.gateway import create_tgi_gateway
 
-from eloquent_plugins.config import StreamConfig
-from eloquent_plugins.sse.middleware import EloquentMiddleware
-from eloquent_plugins.sse.parser import SSEParser
+from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+from eloquent_plugins.core.sse_reader import SSEParser
 from tests.support.tgi_server import TGIServerState, create_tgi_server, run_http3_in_thread, run_in_thread
 
 # resume_grace 0: a client that leaves aborts the TGI request at once (what the disconnect test checks).
@@ -123,8 +123,8 @@ async def test_leaving_an_http3_stream_frees_the_tgi_request(servers: Servers, c
 async def test_datagrams_through_the_relay(servers: Servers, loss: float, path: str, body: dict[str, Any]) -> None:
     """Through the UDP relay, lossless and with 10% of server-to-client datagrams dropped (seeded): the client
     still renders exactly the events TGI sent, in-band errors included."""
-    from eloquent_plugins.netem import PathConfig
-    from eloquent_plugins.relay import RelayConfig, start_relay
+    from eloquent_plugins.sim.netem import PathConfig
+    from eloquent_plugins.sim.udp_relay import RelayConfig, start_relay
 
     relay = await start_relay(RelayConfig(target=("127.0.0.1", servers.h3_port),
                                           downstream=PathConfig(loss=loss), seed=8))

@@ -8,10 +8,10 @@ import eloquent_tgi.plugin
 import httpx
 import pytest
 
-from eloquent_plugins.config import StreamConfig
-from eloquent_plugins.errors import ConfigError
-from eloquent_plugins.plugins import create_plugin_manager, upstream_kind
-from eloquent_plugins.upstream import parse_upstream
+from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.core.errors import ConfigError
+from eloquent_plugins.core.hooks.manager import create_plugin_manager, upstream_kind
+from eloquent_plugins.core.upstream import parse_upstream
 
 
 def test_hook_registers_the_tgi_upstream() -> None:
@@ -51,7 +51,7 @@ async def test_served_app_reads_like_tgi() -> None:
     reproduction: the ``text-generation`` client reads the same events as from TGI directly."""
     import text_generation
 
-    from eloquent_plugins.app_factory import build_app
+    from eloquent_plugins.cli.app_factory import build_app
     from tests.support.tgi_server import create_tgi_server, run_in_thread
 
     pm = create_plugin_manager(load_entry_points=False, plugins=[eloquent_tgi.plugin])

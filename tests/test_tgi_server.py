@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from eloquent_plugins.sse.parser import SSEParser
+from eloquent_plugins.core.sse_reader import SSEParser
 from tests.support.tgi_server import (
     EOS,
     ERROR_MESSAGES,

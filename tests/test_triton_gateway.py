@@ -19,7 +19,7 @@ import httpx
 import pytest
 import uvicorn
 
-from eloquent_plugins.sse.parser import SSEParser
+from eloquent_plugins.core.sse_reader import SSEParser
 from eloquent_triton.gateway import create_triton_gateway
 from tests.support.triton_models import (
     UPSTREAM_KINDS,
@@ -249,8 +249,8 @@ async def test_the_gateway_works_inside_eloquent_middleware(
 ) -> None:
     # The middleware adds keep-alive and event ids to the gateway's stream. Ordering again: the gate
     # opens only after a keep-alive comment arrived, i.e. while Triton had produced nothing.
-    from eloquent_plugins.config import StreamConfig
-    from eloquent_plugins.sse.middleware import EloquentMiddleware
+    from eloquent_plugins.core.config import StreamConfig
+    from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 
     config = StreamConfig(keepalive=0.05, stream_transport="sse")
     gate = tmp_path / "gate"

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from starlette.applications import Starlette
 
-from eloquent_plugins.config import StreamConfig
-from eloquent_plugins.errors import ConfigError
-from eloquent_plugins.plugins import create_plugin_manager, upstream_kinds
+from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.core.errors import ConfigError
+from eloquent_plugins.core.hooks.manager import create_plugin_manager, upstream_kinds
 from eloquent_triton import plugin
 
 

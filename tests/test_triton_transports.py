@@ -36,11 +36,11 @@ import pytest
 from eloquent_client import ClientEvent, EloquentClient
 from eloquent_triton.gateway import create_triton_gateway
 
-from eloquent_plugins.config import StreamConfig
-from eloquent_plugins.netem import PathConfig
-from eloquent_plugins.relay import RelayConfig, start_relay
-from eloquent_plugins.sse.middleware import EloquentMiddleware
-from eloquent_plugins.sse.parser import SSEMessage, SSEParser
+from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.sim.netem import PathConfig
+from eloquent_plugins.sim.udp_relay import RelayConfig, start_relay
+from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+from eloquent_plugins.core.sse_reader import SSEMessage, SSEParser
 from tests.support.servers import UvicornThread, free_port, nginx_routes, wait_for_port
 from tests.support.triton_models import (
     UPSTREAM_KINDS,
@@ -194,7 +194,7 @@ def http3_gateway(upstream: str, config: StreamConfig) -> Iterator[int]:
     HTTP/3 front end sends no ASGI lifespan events, so the gateway would never close its upstream
     connection, and Triton's shutdown then waits its full 30 s exit timeout for that connection.
     """
-    from eloquent_plugins.quic.server import start_http3_server
+    from eloquent_plugins.transports.http3.server import start_http3_server
 
     ready = threading.Event()
     box: dict[str, Any] = {}

@@ -26,8 +26,8 @@ import httpx
 import pytest
 from eloquent_client import EloquentClient
 
-from eloquent_plugins.netem import PathConfig
-from eloquent_plugins.relay import RelayConfig, start_relay
+from eloquent_plugins.sim.netem import PathConfig
+from eloquent_plugins.sim.udp_relay import RelayConfig, start_relay
 from tests.support.servers import free_port, nginx
 from tests.support.vllm import (
     HANG_GUARD_S,

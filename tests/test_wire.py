@@ -8,10 +8,10 @@ from hypothesis import strategies as st
 
 from eloquent_plugins import (DecodeError, EloquentReceiver, EloquentSender, LimitExceeded, Limits,
                               ProtocolViolation, ReceiverConfig)
-from eloquent_plugins.delta import apply_delta, make_delta
-from eloquent_plugins.events import EventKind
-from eloquent_plugins.varint import decode_varint, encode_varint
-from eloquent_plugins.wire import AckPacket, DataPacket, Entry, KeepAlivePacket, decode_packet, encode_packet
+from eloquent_plugins.core.delta import apply_delta, make_delta
+from eloquent_plugins.core.events import EventKind
+from eloquent_plugins.core.varint import decode_varint, encode_varint
+from eloquent_plugins.core.wire import AckPacket, DataPacket, Entry, KeepAlivePacket, decode_packet, encode_packet
 
 
 @given(st.integers(0, (1 << 62) - 1))

@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eloquent_plugins import EloquentReceiver, EloquentSender, Limits, ProtocolError
-from eloquent_plugins.events import EventKind
-from eloquent_plugins.wire import (VERSION, AckPacket, DataPacket, Entry, KeepAlivePacket, PacketType,
+from eloquent_plugins.core.events import EventKind
+from eloquent_plugins.core.wire import (VERSION, AckPacket, DataPacket, Entry, KeepAlivePacket, PacketType,
                                    decode_packet, encode_packet)
 
 FUZZ = settings(max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -2,10 +2,10 @@
 reliable stream, or as plain SSE over HTTP/1.1 -- with render times recorded and optional reading-pace pacing.
 """
 
-from .client import TRANSPORTS, EloquentClient, Response, ResponseStream, Transport
-from .events import ClientError, ClientEvent, IncompleteStream, StreamFailed, text_delta
-from .http3 import H3Stream, Http3ClientConnection
-from .pacing import Pacer, Pacing
+from eloquent_client.client import TRANSPORTS, EloquentClient, Response, ResponseStream, Transport
+from eloquent_client.events import ClientError, ClientEvent, IncompleteStream, StreamFailed, text_delta
+from eloquent_client.http3 import H3Stream, Http3ClientConnection
+from eloquent_client.pacing import Pacer, Pacing
 
 __all__ = [
     "TRANSPORTS", "ClientError", "ClientEvent", "EloquentClient", "H3Stream", "Http3ClientConnection",

@@ -23,13 +23,13 @@ from contextlib import asynccontextmanager
 from typing import Any, Literal, Self
 from urllib.parse import urlsplit
 
-from eloquent_plugins.errors import ConfigError
-from eloquent_plugins.limits import Limits
-from eloquent_plugins.quic.h3 import DATAGRAM, SCHEME_HEADER, TRANSPORT_HEADER
+from eloquent_plugins.core.errors import ConfigError
+from eloquent_plugins.core.limits import Limits
+from eloquent_plugins.h3glue import DATAGRAM, SCHEME_HEADER, TRANSPORT_HEADER
 
-from .events import ClientError, ClientEvent, StreamFailed
-from .http3 import H3Stream, Http3ClientConnection
-from .pacing import Pacer, Pacing
+from eloquent_client.events import ClientError, ClientEvent, StreamFailed
+from eloquent_client.http3 import H3Stream, Http3ClientConnection
+from eloquent_client.pacing import Pacer, Pacing
 
 Transport = Literal["eloquent", "h3-stream", "sse"]
 TRANSPORTS = ("eloquent", "h3-stream", "sse")
@@ -183,7 +183,7 @@ class EloquentClient:
     @asynccontextmanager
     async def _sse_stream(self, method: str, path: str, body: bytes,
                           headers: dict[str, str]) -> AsyncIterator[ResponseStream]:
-        from .sse import stream_sse  # plain SSE with resume, shipped beside this module
+        from eloquent_client.sse import stream_sse  # plain SSE with resume, shipped beside this module
 
         client = await self._http_client()
         url = self.base_url + path

@@ -6,16 +6,17 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from eloquent_plugins.codecs import sniff_codec
-from eloquent_plugins.codecs.base import CodecError
-from eloquent_plugins.errors import EloquentError
+from eloquent_plugins.core.codecs import sniff_codec
+from eloquent_plugins.core.codecs.base import CodecError
+from eloquent_plugins.core.errors import EloquentError
+from eloquent_plugins.core.errors import IncompleteStream as CoreIncompleteStream
 
 
 class ClientError(EloquentError):
     """The request could not be completed (connection closed, stream reset, bad response)."""
 
 
-class IncompleteStream(ClientError):
+class IncompleteStream(ClientError, CoreIncompleteStream):
     """The response ended before the final event, or the stream digest did not match."""
 
 

@@ -23,10 +23,10 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.events import ConnectionTerminated, QuicEvent, StreamReset
 
-from eloquent_plugins.errors import EloquentError, ProtocolError
-from eloquent_plugins.events import EventKind, StreamEvent
-from eloquent_plugins.limits import Limits
-from eloquent_plugins.quic.h3 import (
+from eloquent_plugins.core.errors import EloquentError, ProtocolError
+from eloquent_plugins.core.events import EventKind, StreamEvent
+from eloquent_plugins.core.limits import Limits
+from eloquent_plugins.h3glue import (
     ALPN,
     DATAGRAM,
     H3_REQUEST_CANCELLED,
@@ -36,10 +36,10 @@ from eloquent_plugins.quic.h3 import (
     close_code,
     disable_pacing,
 )
-from eloquent_plugins.sse.parser import SSEParser
+from eloquent_plugins.core.sse_reader import SSEParser
 
-from .assembler import EloquentAssembler
-from .events import ClientError, ClientEvent, IncompleteStream
+from eloquent_plugins.core.assembler import EloquentAssembler
+from eloquent_client.events import ClientError, ClientEvent, CoreIncompleteStream, IncompleteStream
 
 QUIC_MAX_DATAGRAM_SIZE = 1350
 
@@ -159,6 +159,8 @@ class H3Stream:
             self._items.put_nowait(None)
 
     def _fail(self, error: BaseException) -> None:
+        if isinstance(error, CoreIncompleteStream) and not isinstance(error, IncompleteStream):
+            error = IncompleteStream(str(error))
         if not self._headers_ready.done():
             self._headers_ready.set_exception(error)
             self._headers_ready.exception()  # mark retrieved

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eloquent_plugins.errors import ConfigError
+from eloquent_plugins.core.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)

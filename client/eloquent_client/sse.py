@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from eloquent_plugins.sse.parser import SSEMessage, SSEParser
+from eloquent_plugins.core.sse_reader import SSEMessage, SSEParser
 
 STREAM_HEADER = "x-eloquent-stream"
 

@@ -4,12 +4,12 @@ It emits word pieces of embedded public-domain prose at a configurable pace, det
 tests and benchmarks have a cheap, reproducible token source (``eloquent serve`` / ``eloquent demo`` default).
 """
 
-from .app import create_engine_app
-from .config import EngineConfig
-from .controls import EngineControls
-from .core import Engine, stable_hash
-from .errors import APIError, EngineError
-from .tokens import EngineStats, Token
+from eloquent_plugins.engine.app import create_engine_app
+from eloquent_plugins.engine.config import EngineConfig
+from eloquent_plugins.engine.controls import EngineControls
+from eloquent_plugins.engine.core import Engine, stable_hash
+from eloquent_plugins.engine.errors import APIError, EngineError
+from eloquent_plugins.engine.tokens import EngineStats, Token
 
 __all__ = [
     "APIError",

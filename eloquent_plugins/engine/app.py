@@ -21,11 +21,11 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from .config import EngineConfig
-from .core import Engine
-from .errors import APIError, EngineError
-from .render import DONE, ChunkWriter, dumps, full_response
-from .requests import GenerationRequest, parse_request
+from eloquent_plugins.engine.config import EngineConfig
+from eloquent_plugins.engine.core import Engine
+from eloquent_plugins.engine.errors import APIError, EngineError
+from eloquent_plugins.engine.render import DONE, ChunkWriter, dumps, full_response
+from eloquent_plugins.engine.requests import GenerationRequest, parse_request
 
 
 class _Admission:

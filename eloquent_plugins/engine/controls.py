@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import invalid
+from eloquent_plugins.engine.errors import invalid
 
 #: No single delay may exceed this (seconds), so a typo cannot park a request for days.
 MAX_DELAY_S = 3600.0

@@ -7,12 +7,12 @@ import hashlib
 import random
 from collections.abc import AsyncGenerator, Iterator, Sequence
 
-from .config import EngineConfig
-from .controls import EngineControls
-from .errors import EngineError
-from .stops import StopMatcher
-from .tokens import EngineStats, Token
-from .vocab import Corpus, default_corpus
+from eloquent_plugins.engine.config import EngineConfig
+from eloquent_plugins.engine.controls import EngineControls
+from eloquent_plugins.engine.errors import EngineError
+from eloquent_plugins.engine.stops import StopMatcher
+from eloquent_plugins.engine.tokens import EngineStats, Token
+from eloquent_plugins.engine.vocab import Corpus, default_corpus
 
 
 def stable_hash(prompt: str, seed: int | None) -> int:

@@ -10,10 +10,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .config import EngineConfig
-from .controls import EngineControls
-from .errors import APIError, invalid
-from .vocab import count_pieces
+from eloquent_plugins.engine.config import EngineConfig
+from eloquent_plugins.engine.controls import EngineControls
+from eloquent_plugins.engine.errors import APIError, invalid
+from eloquent_plugins.engine.vocab import count_pieces
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1000

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .tokens import Token
+from eloquent_plugins.engine.tokens import Token
 
 
 class StopMatcher:

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 
-from .corpus_text import CORPUS_TEXT
+from eloquent_plugins.engine.corpus_text import CORPUS_TEXT
 
 #: A word (letters/digits with inner apostrophes or hyphens) or a single other non-space character, each with
 #: at most one leading space (whitespace is normalised to single spaces first).

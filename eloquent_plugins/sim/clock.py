@@ -6,7 +6,7 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import EloquentError
+from eloquent_plugins.core.errors import EloquentError
 
 
 class SimulationError(EloquentError):

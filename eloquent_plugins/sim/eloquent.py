@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..events import EventKind
-from ..keepalive import KeepAlivePolicy
-from ..receiver import EloquentReceiver, ReceiverConfig
-from ..sender import EloquentSender, SenderConfig
-from .clock import EventLoop
+from eloquent_plugins.core.events import EventKind
+from eloquent_plugins.core.keepalive import KeepAlivePolicy
+from eloquent_plugins.core.receiver import EloquentReceiver, ReceiverConfig
+from eloquent_plugins.core.sender import EloquentSender, SenderConfig
+from eloquent_plugins.sim.clock import EventLoop
 
 
 class EloquentEndpoints:

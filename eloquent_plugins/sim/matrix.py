@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .scenario import Scenario
+from eloquent_plugins.sim.scenario import Scenario
 
 STANDARD_LOSSES = (0.01, 0.05, 0.10, 0.20)
 STANDARD_BURSTS = (1.0, 4.0)

@@ -1,6 +1,6 @@
 """Per-scheme metrics of each scenario, the summary the issue asks for, and the JSON/table/plot outputs.
 
-Stall figures come from ``eloquent_plugins.stall.stall_metrics`` (the project's single definition), per stream;
+Stall figures come from ``eloquent_plugins.core.stall.stall_metrics`` (the project's single definition), per stream;
 a scenario's stall ratio and QoE are the means over its streams and seeds, its lateness percentiles are over all
 its tokens together.
 """
@@ -13,9 +13,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..stall import DEFAULT_READING_PACE, percentile, stall_metrics
-from .run import ALL_SCHEMES, ELOQUENT_ADAPTIVE, ELOQUENT_X2, RACK_TLP, SCHEMES, StreamRun
-from .scenario import Scenario
+from eloquent_plugins.core.stall import DEFAULT_READING_PACE, percentile, stall_metrics
+from eloquent_plugins.sim.run import ALL_SCHEMES, ELOQUENT_ADAPTIVE, ELOQUENT_X2, RACK_TLP, SCHEMES, StreamRun
+from eloquent_plugins.sim.scenario import Scenario
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,15 +11,15 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
-from ..keepalive import KeepAlivePolicy
-from ..netem import PathConfig, SlottedPath, Trace
-from ..sender import SenderConfig
-from .clock import EventLoop, SimulationError
-from .eloquent import EloquentEndpoints
-from .scenario import Scenario
-from .tcp import TcpConfig, TcpReceiver, TcpSender
-from .timeline import Timeline, TokenModel, generate_timeline
-from .wire import QUIC_DATAGRAM_HEADER, TCP_HEADER, SimWire
+from eloquent_plugins.core.keepalive import KeepAlivePolicy
+from eloquent_plugins.sim.netem import PathConfig, SlottedPath, Trace
+from eloquent_plugins.core.sender import SenderConfig
+from eloquent_plugins.sim.clock import EventLoop, SimulationError
+from eloquent_plugins.sim.eloquent import EloquentEndpoints
+from eloquent_plugins.sim.scenario import Scenario
+from eloquent_plugins.sim.tcp import TcpConfig, TcpReceiver, TcpSender
+from eloquent_plugins.sim.timeline import Timeline, TokenModel, generate_timeline
+from eloquent_plugins.sim.link import QUIC_DATAGRAM_HEADER, TCP_HEADER, SimWire
 
 SCHEMES = ("retransmission", "duplication", "eloquent", "oracle")
 RACK_TLP = "retransmission-rack-tlp"

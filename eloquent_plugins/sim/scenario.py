@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
-from ..errors import ConfigError
-from ..netem import GilbertElliott, PathConfig, Trace, load_trace
+from eloquent_plugins.core.errors import ConfigError
+from eloquent_plugins.sim.netem import GilbertElliott, PathConfig, Trace, load_trace
 
 _KEYS = {
     "loss": "loss", "burst": "burst", "rtt": "rtt_ms", "jitter": "jitter_ms", "tpot": "tpot_ms",
@@ -28,7 +28,7 @@ class Scenario:
     tokens: int = 300
     streams: int = 4
     trace: str | None = None
-    """Trace file applied to both directions (see ``eloquent_plugins.netem.trace``)."""
+    """Trace file applied to both directions (see ``eloquent_plugins.sim.netem.trace``)."""
     copies: int = 2
     """k of the duplication baseline."""
 

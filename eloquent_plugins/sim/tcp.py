@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from .clock import EventLoop
+from eloquent_plugins.sim.clock import EventLoop
 
 
 @dataclass(frozen=True, slots=True)

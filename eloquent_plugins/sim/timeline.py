@@ -13,7 +13,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from ..errors import ConfigError
+from eloquent_plugins.core.errors import ConfigError
 
 _WORDS = ("the of and to in is that it for as with was on be by this are or from at an which have not but "
           "model token stream network packet loss latency server client request response language people time "

@@ -233,7 +233,7 @@ def engine_behind_middleware() -> Any:
     import logging
 
     from eloquent_plugins.engine import create_engine_app
-    from eloquent_plugins.sse.middleware import EloquentMiddleware
+    from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 
     log_file = os.environ.get("ELOQUENT_TEST_LOG")  # stream logs of this replica, for debugging a test
     if log_file:

@@ -572,7 +572,7 @@ def run_http3_in_thread(app_factory: Any, config: Any, *, host: str = "127.0.0.1
 
     The app is built inside that loop, so anything it creates (resume stores, locks) belongs to it.
     """
-    from eloquent_plugins.quic.server import start_http3_server
+    from eloquent_plugins.transports.http3.server import start_http3_server
 
     ready = threading.Event()
     box: dict[str, Any] = {}

@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from eloquent_plugins.bench.procs import stop_process
+from eloquent_plugins.cli.bench.procs import stop_process
 from tests.support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]

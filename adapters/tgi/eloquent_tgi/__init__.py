@@ -13,7 +13,7 @@ __all__ = ["create_tgi_gateway"]
 def __getattr__(name: str) -> object:
     # Lazy: loading the plugin entry point stays cheap until a TGI upstream is actually created.
     if name == "create_tgi_gateway":
-        from .gateway import create_tgi_gateway
+        from eloquent_tgi.gateway import create_tgi_gateway
 
         return create_tgi_gateway
     raise AttributeError(name)

@@ -31,10 +31,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from eloquent_plugins.config import StreamConfig
-from eloquent_plugins.errors import ConfigError
-from eloquent_plugins.sse.framing import format_event
-from eloquent_plugins.sse.parser import SSEParser
+from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.core.errors import ConfigError
+from eloquent_plugins.core.sse_writer import format_event
+from eloquent_plugins.core.sse_reader import SSEParser
 
 __all__ = ["TGIGatewayError", "create_tgi_gateway"]
 

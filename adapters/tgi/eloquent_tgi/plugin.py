@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from eloquent_plugins.config import StreamConfig
-from eloquent_plugins.hookspecs import hookimpl
-from eloquent_plugins.upstream import UpstreamKind
+from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.core.hooks.specs import hookimpl
+from eloquent_plugins.core.upstream import UpstreamKind
 
 
 def create_app(url: str, config: StreamConfig) -> Any:
     """The bare TGI gateway; the host wraps it in ``EloquentMiddleware`` like every other upstream."""
-    from .gateway import create_tgi_gateway
+    from eloquent_tgi.gateway import create_tgi_gateway
 
     return create_tgi_gateway(url, config)
 

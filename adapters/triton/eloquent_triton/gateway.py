@@ -33,11 +33,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from eloquent_plugins.errors import ConfigError
+from eloquent_plugins.core.errors import ConfigError
 
-from .errors import TritonGatewayError, UpstreamError
-from .payload import JSON_MEDIA_TYPE, SSE_MEDIA_TYPE, encode_event, encode_json, error_payload
-from .tensors import build_request
+from eloquent_triton.errors import TritonGatewayError, UpstreamError
+from eloquent_triton.payload import JSON_MEDIA_TYPE, SSE_MEDIA_TYPE, encode_event, encode_json, error_payload
+from eloquent_triton.tensors import build_request
 
 PayloadStream = AsyncGenerator[dict[str, Any], None]
 
@@ -60,14 +60,14 @@ class _Backend:
     def __init__(self, url: str, settings: GatewaySettings) -> None:
         parts = urlsplit(url)
         if parts.scheme in ("http", "https"):
-            from .http_upstream import HttpUpstream
+            from eloquent_triton.http_upstream import HttpUpstream
 
             self.kind = "http"
             self.upstream: Any = HttpUpstream(
                 url, connect_timeout_s=settings.connect_timeout_s, model_cache_ttl_s=settings.model_cache_ttl_s
             )
         elif parts.scheme == "grpc":
-            from .grpc_upstream import GrpcUpstream
+            from eloquent_triton.grpc_upstream import GrpcUpstream
 
             if not parts.hostname or not parts.port:
                 raise ConfigError(f"Triton gRPC upstream needs grpc://host:port, got {url!r}")

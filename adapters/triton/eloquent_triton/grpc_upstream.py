@@ -17,10 +17,10 @@ from typing import Any
 import grpc
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from .errors import TritonGatewayError, UpstreamError
-from .model_cache import ModelCache
-from .payload import error_payload
-from .tensors import build_request, response_payload
+from eloquent_triton.errors import TritonGatewayError, UpstreamError
+from eloquent_triton.model_cache import ModelCache
+from eloquent_triton.payload import error_payload
+from eloquent_triton.tensors import build_request, response_payload
 
 _CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 _ONE_RESPONSE = (

@@ -17,11 +17,11 @@ import httpx
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
 
-from eloquent_plugins.sse.parser import SSEParser
+from eloquent_plugins.core.sse_reader import SSEParser
 
-from .errors import TritonGatewayError, UpstreamError
-from .model_cache import ModelCache
-from .payload import error_payload, is_error
+from eloquent_triton.errors import TritonGatewayError, UpstreamError
+from eloquent_triton.model_cache import ModelCache
+from eloquent_triton.payload import error_payload, is_error
 
 
 def model_path(model: str, version: str) -> str:

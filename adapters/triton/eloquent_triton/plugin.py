@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from eloquent_plugins.hookspecs import hookimpl
-from eloquent_plugins.upstream import UpstreamKind
+from eloquent_plugins.core.hooks.specs import hookimpl
+from eloquent_plugins.core.upstream import UpstreamKind
 
 if TYPE_CHECKING:
-    from eloquent_plugins.config import StreamConfig
+    from eloquent_plugins.core.config import StreamConfig
 
 
 def create_app(url: str, config: StreamConfig) -> Any:
     """The gateway for ``url``; request-size limit from the stream config."""
-    from .gateway import create_triton_gateway  # starlette/tritonclient only when the kind is used
+    from eloquent_triton.gateway import create_triton_gateway  # starlette/tritonclient only when the kind is used
 
     return create_triton_gateway(url, max_request_bytes=config.max_request_bytes)
 

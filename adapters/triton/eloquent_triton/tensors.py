@@ -16,7 +16,7 @@ import numpy as np
 from tritonclient.grpc import InferResult, model_config_pb2, service_pb2
 from tritonclient.utils import serialize_byte_tensor, triton_to_np_dtype
 
-from .errors import TritonGatewayError
+from eloquent_triton.errors import TritonGatewayError
 
 EMPTY_FINAL_PARAM = "triton_enable_empty_final_response"
 FINAL_PARAM = "triton_final_response"

@@ -7,7 +7,7 @@ middleware starts the HTTP/3 front end from the app's lifespan on the API server
 Nothing here imports vLLM at import time, so the core package stays usable without it.
 """
 
-from .errors import EloquentVllmError, UnsupportedVllmVersion
-from .options import MIDDLEWARE_PATH, EloquentVllmSettings
+from eloquent_vllm.errors import EloquentVllmError, UnsupportedVllmVersion
+from eloquent_vllm.options import MIDDLEWARE_PATH, EloquentVllmSettings
 
 __all__ = ["MIDDLEWARE_PATH", "EloquentVllmError", "EloquentVllmSettings", "UnsupportedVllmVersion"]

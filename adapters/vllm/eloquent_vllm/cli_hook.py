@@ -14,10 +14,10 @@ import functools
 from argparse import ArgumentParser, Namespace
 from typing import Any
 
-from eloquent_plugins.errors import ConfigError
+from eloquent_plugins.core.errors import ConfigError
 
-from .implementations import http3_server_starter, sse_middleware_class
-from .options import MIDDLEWARE_PATH, EloquentVllmSettings, add_eloquent_args
+from eloquent_vllm.implementations import http3_server_starter, sse_middleware_class
+from eloquent_vllm.options import MIDDLEWARE_PATH, EloquentVllmSettings, add_eloquent_args
 
 _MARK = "_eloquent_vllm_parser_hook"
 _SERVE_FLAGS = ("--middleware", "--api-server-count")

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import UnsupportedVllmVersion
+from eloquent_vllm.errors import UnsupportedVllmVersion
 
 logger = logging.getLogger("vllm.eloquent_plugins")  # child of vLLM's logger: same handlers and format
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eloquent_plugins.errors import ConfigError, EloquentError
+from eloquent_plugins.core.errors import ConfigError, EloquentError
 
 
 class EloquentVllmError(EloquentError):

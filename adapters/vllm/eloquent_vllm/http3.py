@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .compat import logger
-from .errors import Http3StartError
-from .implementations import http3_server_starter
+from eloquent_vllm.compat import logger
+from eloquent_vllm.errors import Http3StartError
+from eloquent_vllm.implementations import http3_server_starter
 
 if TYPE_CHECKING:
-    from eloquent_plugins.config import StreamConfig
+    from eloquent_plugins.core.config import StreamConfig
 
 
 @dataclass

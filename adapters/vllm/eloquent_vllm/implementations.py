@@ -12,10 +12,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import ServeOptionsError
+from eloquent_vllm.errors import ServeOptionsError
 
-SSE_MIDDLEWARE = "eloquent_plugins.sse.middleware:EloquentMiddleware"
-HTTP3_SERVER = "eloquent_plugins.quic.server:start_http3_server"
+SSE_MIDDLEWARE = "eloquent_plugins.transports.sse.middleware:EloquentMiddleware"
+HTTP3_SERVER = "eloquent_plugins.transports.http3.server:start_http3_server"
 SSE_MIDDLEWARE_ENV = "ELOQUENT_VLLM_SSE_MIDDLEWARE"
 """Override: ``module:Class`` built as ``Class(app, config=StreamConfig)``."""
 HTTP3_SERVER_ENV = "ELOQUENT_VLLM_HTTP3_SERVER"

@@ -2,7 +2,7 @@
 
 vLLM builds ``--middleware`` classes as ``Class(app)`` with no arguments, so this one reads its settings from the
 parsed CLI namespace at ``scope["app"].state.args`` (vLLM sets it in ``build_app``) and builds the real
-:class:`eloquent_plugins.sse.middleware.EloquentMiddleware` around the inner app. It also rides the app's ASGI
+:class:`eloquent_plugins.transports.sse.middleware.EloquentMiddleware` around the inner app. It also rides the app's ASGI
 lifespan: after vLLM's own startup it starts the HTTP/3 front end on the running loop (same process, same app,
 so HTTP/3 requests go through this whole middleware stack too), and closes it on shutdown.
 
@@ -16,11 +16,11 @@ from argparse import Namespace
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from .compat import logger
-from .errors import ServeOptionsError
-from .http3 import Http3Frontend
-from .implementations import sse_middleware_class
-from .options import EloquentVllmSettings
+from eloquent_vllm.compat import logger
+from eloquent_vllm.errors import ServeOptionsError
+from eloquent_vllm.http3 import Http3Frontend
+from eloquent_vllm.implementations import sse_middleware_class
+from eloquent_vllm.options import EloquentVllmSettings
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -53,7 +53,7 @@ class VllmStreamMiddleware:
         if settings.config is None:  # transport "none" named explicitly: stay out of the way
             self._inner = self.app
         else:
-            from eloquent_plugins.http_timeouts import BodyTimeoutMiddleware
+            from eloquent_plugins.transports.request_timeouts import BodyTimeoutMiddleware
 
             # Outermost, as in ``eloquent serve``: a trickled request body is cut before vLLM parses it. vLLM runs
             # its own uvicorn, so the header-read timeout (a uvicorn protocol class) cannot be installed here.

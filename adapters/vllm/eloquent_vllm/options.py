@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from .errors import ServeOptionsError
+from eloquent_vllm.errors import ServeOptionsError
 
 if TYPE_CHECKING:
-    from eloquent_plugins.config import StreamConfig
+    from eloquent_plugins.core.config import StreamConfig
 
 Transport = Literal["none", "sse", "eloquent"]
 TRANSPORTS: tuple[Transport, ...] = ("none", "sse", "eloquent")
@@ -109,7 +109,7 @@ class EloquentVllmSettings:
             return cls("none", None, host, None)
 
         # Imported here: light (config only, no transports) but not needed when the transport is "none".
-        from eloquent_plugins.config import StreamConfig
+        from eloquent_plugins.core.config import StreamConfig
 
         config = StreamConfig.from_env(
             env,

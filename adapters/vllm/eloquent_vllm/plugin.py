@@ -8,13 +8,13 @@ failure is logged and vLLM runs unchanged (our flags are then unknown to it, whi
 
 from __future__ import annotations
 
-from .compat import flexible_argument_parser, logger
-from .errors import EloquentVllmError
+from eloquent_vllm.compat import flexible_argument_parser, logger
+from eloquent_vllm.errors import EloquentVllmError
 
 
 def register() -> None:
     try:
-        from .cli_hook import install_parser_hook
+        from eloquent_vllm.cli_hook import install_parser_hook
 
         install_parser_hook(flexible_argument_parser())
     except (EloquentVllmError, ImportError, AttributeError) as exc:

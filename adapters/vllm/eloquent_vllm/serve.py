@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import sys
 
-from .cli_hook import install_parser_hook
-from .compat import load_serve_api
-from .errors import UnsupportedVllmVersion
+from eloquent_vllm.cli_hook import install_parser_hook
+from eloquent_vllm.compat import load_serve_api
+from eloquent_vllm.errors import UnsupportedVllmVersion
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,30 @@
+"""Build the served ASGI app: the built-in engine or a registered upstream gateway, wrapped by the middleware."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.core.hooks.manager import upstream_kind
+from eloquent_plugins.core.upstream import parse_upstream
+
+
+def build_app(config: StreamConfig, pm: pluggy.PluginManager, *, upstream: str | None = None,
+              engine_options: dict[str, Any] | None = None) -> Any:
+    """The app ``eloquent serve`` hosts on both transports (SSE over HTTP/1.1, Eloquent over HTTP/3).
+
+    Outermost is the request-body deadline (``config.body_timeout``): a body that stalls gets a 408 and the app
+    is told the client left, so the engine never starts a request it has no complete body for."""
+    from eloquent_plugins.transports.request_timeouts import BodyTimeoutMiddleware
+    from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+
+    if upstream:
+        kind, url = parse_upstream(upstream)
+        inner = upstream_kind(pm, kind).create_app(url, config)
+    else:
+        from eloquent_plugins.engine import EngineConfig, create_engine_app
+
+        inner = create_engine_app(EngineConfig(**(engine_options or {})))
+    return BodyTimeoutMiddleware(EloquentMiddleware(inner, config, plugin_manager=pm), config.body_timeout)

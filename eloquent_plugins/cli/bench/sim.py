@@ -1,0 +1,131 @@
+"""``eloquent bench sim``: stall ratio of Eloquent vs retransmission, duplication and the oracle, simulated.
+
+Runs the standard matrix (or ``--quick``, or ``--scenario`` conditions), prints a table, and optionally writes
+the JSON (``--json``) and a PNG (``--plot``). Deterministic: the same ``--seed`` gives the same numbers, whatever
+``--jobs`` is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+
+from eloquent_plugins.cli import numbers
+from eloquent_plugins.core.stall import DEFAULT_READING_PACE
+from eloquent_plugins.sim.matrix import Plan, custom_plan, quick_plan, standard_plan, with_tokens
+from eloquent_plugins.sim.report import ScenarioResult, format_table, plot, summarize_scenario, write_json
+from eloquent_plugins.sim.run import ALL_SCHEMES, ELOQUENT_ADAPTIVE, ELOQUENT_X2, RACK_TLP, SCHEMES, StreamRun, simulate_stream
+from eloquent_plugins.sim.scenario import Scenario, parse_scenario
+
+Task = tuple[int, Scenario, int, int, tuple[str, ...]]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scenario", action="append", default=[], metavar="SPEC",
+                        help='custom conditions instead of the matrix, e.g. "loss=0.1,burst=3,rtt=100,jitter=10,'
+                        'tpot=30" (keys: loss, burst, rtt ms, jitter ms, tpot ms, bw kbit/s, tokens, streams, '
+                        'trace FILE, k); repeatable')
+    parser.add_argument("--quick", action="store_true", help="a reduced matrix that finishes in seconds")
+    parser.add_argument("--seed", type=numbers.seed, default=1, help="base seed (default: %(default)s)")
+    parser.add_argument("--seeds", type=numbers.positive, default=3, help="seeds per --scenario (default: %(default)s)")
+    parser.add_argument("--tokens", type=numbers.positive, default=None, help="override tokens per stream")
+    parser.add_argument("--streams", type=numbers.positive, default=None, help="override streams per scenario and seed")
+    parser.add_argument("--rack-tlp", action="store_true",
+                        help="also run the TCP baseline with Linux's RACK-TLP loss recovery (a sensitivity check; "
+                        "the summary's figures stay against the issue's baseline)")
+    parser.add_argument("--eloquent-x2", action="store_true",
+                        help="also run Eloquent with every datagram sent twice (a sensitivity check)")
+    parser.add_argument("--eloquent-adaptive", action="store_true",
+                        help='also run Eloquent with SenderConfig(redundancy="adaptive"): runs sent twice while '
+                        "the sender sees loss")
+    parser.add_argument("--reading-pace", type=numbers.positive_seconds, default=DEFAULT_READING_PACE,
+                        metavar="SECONDS",
+                        help="seconds per token the QoE reader digests (Andes; default: %(default)s)")
+    parser.add_argument("--jobs", type=numbers.positive, default=min(2, os.cpu_count() or 1),
+                        help="worker processes (default: %(default)s)")
+    parser.add_argument("--json", metavar="PATH", default=None, help="write results and summary as JSON")
+    parser.add_argument("--plot", metavar="PATH", default=None, help="write a PNG of stall ratio per scheme")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def build_plan(args: argparse.Namespace) -> Plan:
+    if args.scenario:
+        plan = custom_plan([parse_scenario(s) for s in args.scenario], args.seed, args.seeds)
+    elif args.quick:
+        plan = quick_plan(args.seed)
+    else:
+        plan = standard_plan(args.seed)
+    plan = with_tokens(plan, args.tokens, args.streams)
+    for scenario in plan.scenarios:
+        scenario.load_trace()  # a bad trace fails now, with its line number, not in a worker
+    return plan
+
+
+def _run_task(task: Task) -> tuple[int, dict[str, StreamRun]]:
+    index, scenario, seed, stream, schemes = task
+    return index, simulate_stream(scenario, seed, stream, scenario.load_trace(), schemes)
+
+
+def _tasks(plan: Plan, schemes: tuple[str, ...] = SCHEMES) -> list[Task]:
+    return [(i, s, seed, stream, schemes) for i, s in enumerate(plan.scenarios) for seed in plan.seeds
+            for stream in range(s.streams)]
+
+
+def _progress(done: int, total: int, started: float, enabled: bool) -> None:
+    if not enabled:
+        return
+    width = 30
+    filled = int(width * done / total)
+    sys.stderr.write(f"\rsim [{'#' * filled}{'.' * (width - filled)}] {done}/{total} streams "
+                     f"{time.monotonic() - started:5.1f}s")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def execute(plan: Plan, jobs: int = 1, progress: bool = False, pace: float = DEFAULT_READING_PACE,
+            schemes: tuple[str, ...] = SCHEMES) -> list[ScenarioResult]:
+    tasks = _tasks(plan, schemes)
+    collected: dict[int, list[tuple[int, int, dict[str, StreamRun]]]] = {i: [] for i in range(len(plan.scenarios))}
+    started = time.monotonic()
+    _progress(0, len(tasks), started, progress)
+
+    def results() -> Iterator[tuple[Task, tuple[int, dict[str, StreamRun]]]]:
+        if jobs <= 1:
+            for task in tasks:
+                yield task, _run_task(task)
+        else:
+            with ProcessPoolExecutor(max_workers=jobs) as pool:
+                yield from zip(tasks, pool.map(_run_task, tasks, chunksize=4))
+
+    for done, (task, (index, runs)) in enumerate(results(), 1):
+        collected[index].append((task[2], task[3], runs))
+        _progress(done, len(tasks), started, progress)
+    out = []
+    for i, scenario in enumerate(plan.scenarios):
+        ordered = [runs for _, _, runs in sorted(collected[i], key=lambda x: (x[0], x[1]))]
+        out.append(summarize_scenario(scenario, ordered, pace))
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = build_plan(args)
+    extra = {RACK_TLP} if args.rack_tlp else set()
+    extra |= {ELOQUENT_X2} if args.eloquent_x2 else set()
+    extra |= {ELOQUENT_ADAPTIVE} if args.eloquent_adaptive else set()
+    schemes = tuple(s for s in ALL_SCHEMES if s in SCHEMES or s in extra)
+    results = execute(plan, args.jobs, progress=not args.no_progress, pace=args.reading_pace, schemes=schemes)
+    print(format_table(results))
+    meta = {"plan": plan.name, "seeds": list(plan.seeds), "argv": sys.argv[1:], "reading_pace": args.reading_pace,
+            "scenarios": len(plan.scenarios), "streams_per_scheme": len(_tasks(plan))}
+    if args.json:
+        write_json(args.json, results, meta)
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        plot(args.plot, results)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0

@@ -1,0 +1,104 @@
+"""Settings shared by every transport, adapter and CLI subcommand, readable from ``ELOQUENT_*`` variables."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Literal
+
+from eloquent_plugins.core.errors import ConfigError
+from eloquent_plugins.core.keepalive import KeepAlivePolicy
+from eloquent_plugins.core.limits import Limits
+
+StreamTransport = Literal["sse", "eloquent"]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamConfig:
+    keepalive: float = 15.0
+    """Seconds without bytes before a keep-alive (0: off)."""
+    keepalive_frame: Literal["comment", "newline"] = "comment"
+    stream_transport: StreamTransport = "eloquent"
+    """``sse``: SSE improvements only; ``eloquent``: also the HTTP/3 datagram front end."""
+    resume: bool = True
+    resume_store: str = "memory://"
+    """``memory://`` (one process) or ``redis://host:port/db`` (replicas share streams)."""
+    resume_ttl: float = 300.0
+    """Seconds a finished stream stays resumable."""
+    resume_grace: float = 5.0
+    """Seconds an abandoned stream keeps generating so a quick reconnect loses nothing; then it is aborted."""
+    coalesce: bool = True
+    merge_deltas: bool = False
+    """Merge queued OpenAI text deltas into one chunk (changes event boundaries; off by default)."""
+    eloquent_port: int | None = None
+    """UDP port of the HTTP/3 front end (None: same number as the HTTP port)."""
+    certfile: str | None = None
+    keyfile: str | None = None
+    send_timeout: float = 30.0
+    """A client that accepts no bytes for this long is cut (slow readers, slowloris)."""
+    header_timeout: float = 30.0
+    """``eloquent serve`` (uvicorn/h11): seconds a client has to send a request's line and headers, counted from
+    the connection opening or from the first byte after a response (0: off)."""
+    body_timeout: float = 30.0
+    """Seconds the app may wait for the next chunk of a request body before a ``408`` (0: off)."""
+    max_streams_per_client: int = 0
+    """Live SSE streams one caller (credentials, else client IP) may hold at once; above it a ``429``
+    (0: unlimited)."""
+    max_request_bytes: int = 1 << 20
+    limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        if self.stream_transport not in ("sse", "eloquent"):
+            raise ConfigError(f"stream transport must be 'sse' or 'eloquent', got {self.stream_transport!r}")
+        for name in ("resume_ttl", "resume_grace", "send_timeout", "header_timeout", "body_timeout",
+                     "max_streams_per_client"):
+            value = getattr(self, name)
+            if not 0 <= value < math.inf:  # refuses NaN too; "off" is spelled 0, never infinity
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
+        if self.eloquent_port is not None and not 0 <= self.eloquent_port <= 65535:
+            raise ConfigError(f"eloquent_port must be a port number, got {self.eloquent_port}")
+        if not self.resume_store.startswith(("memory://", "redis://", "rediss://", "unix://")):
+            raise ConfigError(f"resume store must be memory:// or redis://..., got {self.resume_store!r}")
+        KeepAlivePolicy(self.keepalive, self.keepalive_frame)  # validates both
+
+    @property
+    def keepalive_policy(self) -> KeepAlivePolicy:
+        return KeepAlivePolicy(self.keepalive, self.keepalive_frame)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> StreamConfig:
+        """Build from ``ELOQUENT_<FIELD>`` variables (e.g. ``ELOQUENT_KEEPALIVE=5``), then ``overrides``."""
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            if f.name == "limits":
+                continue
+            raw = env.get(f"ELOQUENT_{f.name.upper()}")
+            if raw is None or raw == "":
+                continue
+            values[f.name] = _parse(f.name, f.type, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)  # type: ignore[arg-type]
+
+    def replace(self, **changes: object) -> StreamConfig:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _parse(name: str, annotation: object, raw: str) -> object:
+    text = str(annotation)
+    try:
+        if text.startswith("bool"):
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if text.startswith("float"):
+            return float(raw)
+        if text.startswith("int"):
+            return int(raw)
+    except ValueError:
+        raise ConfigError(f"ELOQUENT_{name.upper()}={raw!r} is not a valid {text}") from None
+    return raw

@@ -1,0 +1,157 @@
+"""One request's Eloquent delivery on the server (sans-I/O): the SSE body in, datagrams and control records
+out. The transport feeds it the app's body bytes, the client's datagrams and the clock.
+
+Each SSE message's data field becomes one event payload; the end of the body becomes the final END event (an
+app exception: an ERROR event). The trailer (count, digest, final event) goes on the reliable stream at once;
+if the client's acks have not covered the stream ``fallback_after`` seconds later, the missing events follow
+on the reliable stream too and the stream ends there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import dataclass
+
+from eloquent_plugins.core.errors import LimitExceeded
+from eloquent_plugins.core.events import EventKind, StreamEvent
+from eloquent_plugins.core.sender import EloquentSender, SenderConfig
+from eloquent_plugins.core.sse_reader import SSEParser
+from eloquent_plugins.core.wire import AckPacket, decode_packet
+from eloquent_plugins.core.control import StreamDigest, Trailer, encode_fallback, encode_trailer
+
+ACK_SLACK = 16
+"""Acks a client may send beyond one per datagram it was sent (flood guard)."""
+
+
+@dataclass(slots=True)
+class StreamTimings:
+    """When each event left the app (monotonic clock), for benchmarks."""
+
+    generated: list[float]
+
+
+class EloquentResponseStream:
+    def __init__(self, stream_id: int, config: SenderConfig, *, now: float, fallback_after: float = 1.0,
+                 ack_timeout: float = 30.0, supersede: bool = True, tail_repeats: int = 1,
+                 tail_gap: float = 0.01) -> None:
+        self.stream_id = stream_id
+        self.sender = EloquentSender(stream_id, config, now=now)
+        self.supersede = supersede
+        self.fallback_after = fallback_after
+        self.ack_timeout = ack_timeout
+        limits = config.limits
+        self._parser = SSEParser(max_message_bytes=limits.max_event_bytes + 4096)
+        self._digest = StreamDigest()
+        self._log: deque[StreamEvent] = deque()
+        self._trailer_at: float | None = None
+        self._tail_gap = tail_gap
+        self._tail_repeats = tail_repeats
+        self._tail_due: list[float] = []
+        self._last_progress = now
+        self._acked = 0
+        self.fallback_sent = False
+        self.datagrams_sent = 0
+        self.acks = 0
+        self.generated: list[float] = []
+
+    # ---- app side ----------------------------------------------------------------------------------------
+    def feed_body(self, chunk: bytes, now: float) -> int:
+        """Cut the body into SSE messages and push each data field as an event; returns how many."""
+        messages = self._parser.feed(chunk)
+        for message in messages:
+            self._push(message.data.encode("utf-8"), now, EventKind.DATA)
+        return len(messages)
+
+    def _push(self, payload: bytes, now: float, kind: EventKind) -> StreamEvent:
+        if len(payload) > self.sender.config.limits.max_event_bytes:
+            raise LimitExceeded(f"event of {len(payload)} bytes above max_event_bytes")
+        if not self._log:
+            self._last_progress = now  # the ack clock starts when there is something to ack
+        event = self.sender.push(payload, now, kind)
+        self._digest.update(payload)
+        self._log.append(event)
+        if kind is EventKind.DATA:
+            self.generated.append(now)
+        return event
+
+    def finish(self, now: float) -> bytes:
+        """The body ended: push END and return the trailer record for the reliable stream."""
+        return self._close(self._push(b"", now, EventKind.END), now)
+
+    def fail(self, message: str, now: float) -> bytes:
+        """The app failed after the response started: an in-band ERROR event (OpenAI error shape)."""
+        payload = json.dumps({"error": {"message": message, "type": "InternalServerError", "param": None,
+                                        "code": 500}}).encode()
+        return self._close(self._push(payload, now, EventKind.ERROR), now)
+
+    def _close(self, final: StreamEvent, now: float) -> bytes:
+        self._trailer_at = now
+        # Tail protection: the last packet has no successor to carry its events, so the final run goes out
+        # again ``tail_gap`` apart (a few ms decorrelates it from a loss burst) unless acked by then.
+        self._tail_due = [now + self._tail_gap * k for k in range(1, self._tail_repeats + 1)]
+        return encode_trailer(Trailer(self._digest.count, self._digest.hexdigest(), final))
+
+    @property
+    def ended(self) -> bool:
+        return self._trailer_at is not None
+
+    # ---- client side -------------------------------------------------------------------------------------
+    def receive_datagram(self, data: bytes, now: float) -> None:
+        """An ack from the client. Raises ProtocolError for garbage, lies and floods."""
+        packet = decode_packet(data, self.sender.config.limits)
+        self.acks += 1
+        if self.acks > self.datagrams_sent + ACK_SLACK:
+            raise LimitExceeded(f"stream {self.stream_id}: {self.acks} acks for {self.datagrams_sent} datagrams")
+        if not isinstance(packet, AckPacket):
+            self.sender.receive_datagram(data, now)  # raises the sender's ProtocolViolation
+            return
+        self.sender.receive_ack(packet, now)
+        if self.sender.acked > self._acked:
+            self._acked = self.sender.acked
+            self._last_progress = now
+            while self._log and self._log[0].index < self._acked:
+                self._log.popleft()
+
+    # ---- output ------------------------------------------------------------------------------------------
+    def datagrams_to_send(self, now: float) -> list[bytes]:
+        if self.fallback_sent:
+            return []
+        if self._tail_due and now >= self._tail_due[0]:
+            while self._tail_due and now >= self._tail_due[0]:
+                self._tail_due.pop(0)
+            self.sender.probe()
+        datagrams = self.sender.datagrams_to_send(now)
+        self.datagrams_sent += len(datagrams)
+        return datagrams
+
+    def fallback_due(self, now: float) -> bool:
+        return (self._trailer_at is not None and not self.fallback_sent and not self.sender.done
+                and now >= self._trailer_at + self.fallback_after)
+
+    def fallback_record(self) -> bytes:
+        """The unacked events for the reliable stream; after this the stream needs no more datagrams."""
+        self.fallback_sent = True
+        return encode_fallback(list(self._log))
+
+    def stalled(self, now: float) -> bool:
+        """Events have waited ``ack_timeout`` without any ack progress: the client is gone."""
+        return bool(self._log) and not self.fallback_sent and now - self._last_progress > self.ack_timeout
+
+    def next_deadline(self) -> float | None:
+        if self.fallback_sent:
+            return None
+        candidates = [self.sender.next_deadline()]
+        if self._tail_due and not self.sender.done:
+            candidates.append(self._tail_due[0])
+        if self._trailer_at is not None and not self.sender.done:
+            candidates.append(self._trailer_at + self.fallback_after)
+        if self._log:
+            candidates.append(self._last_progress + self.ack_timeout)
+        present = [c for c in candidates if c is not None]
+        return min(present) if present else None
+
+    @property
+    def finished(self) -> bool:
+        """Nothing more will go out: everything acked after the trailer, or the fallback was written."""
+        return self._trailer_at is not None and (self.sender.done or self.fallback_sent)

@@ -1,0 +1,273 @@
+"""A user-space UDP relay on loopback that applies the netem path models to real datagrams, each direction
+with its own settings: what the kernel here cannot do (no ``tc netem``), for end-to-end tests over real QUIC.
+
+Each client address gets its own upstream socket (so the server sees one peer per client and each QUIC connection
+stays separate) and its own pair of seeded ``PathModel`` instances, the same class the simulator's paths build on.
+Times in outages and loss schedules are seconds since the relay started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from eloquent_plugins.core.errors import ConfigError
+from eloquent_plugins.sim.netem import Outage, PathConfig, PathModel
+
+UDP_IP_HEADER = 28
+"""IPv4 + UDP bytes, counted against a bandwidth limit on top of the datagram itself."""
+
+
+@dataclass(frozen=True, slots=True)
+class RelayConfig:
+    target: tuple[str, int]
+    """Where datagrams from clients go (the server)."""
+    listen: tuple[str, int] = ("127.0.0.1", 0)
+    """Where clients send; port 0 picks a free one (see ``Relay.listen_addr``)."""
+    upstream: PathConfig = field(default_factory=PathConfig)
+    """Client -> server direction."""
+    downstream: PathConfig = field(default_factory=PathConfig)
+    """Server -> client direction."""
+    outages: tuple[Outage, ...] = ()
+    """Windows in which everything is dropped both ways."""
+    seed: int = 0
+    max_clients: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.max_clients < 1:
+            raise ConfigError("max_clients must be >= 1")
+
+    def direction(self, upstream: bool) -> PathConfig:
+        base = self.upstream if upstream else self.downstream
+        return dataclasses.replace(base, outages=base.outages + self.outages) if self.outages else base
+
+
+@dataclass(slots=True)
+class DirectionStats:
+    received: int = 0
+    forwarded: int = 0
+    dropped: int = 0
+    """Lost to the loss model or a trace."""
+    outage_dropped: int = 0
+    bytes_forwarded: int = 0
+
+
+@dataclass(slots=True)
+class RelayStats:
+    upstream: DirectionStats = field(default_factory=DirectionStats)
+    downstream: DirectionStats = field(default_factory=DirectionStats)
+    clients: int = 0
+    refused_clients: int = 0
+    upstream_errors: int = 0
+    """Clients whose upstream socket could not be opened."""
+
+
+def parse_hostport(text: str, what: str = "address") -> tuple[str, int]:
+    """``HOST:PORT`` or ``[V6]:PORT``."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{what} must be HOST:PORT, got {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+class _Upstream(asyncio.DatagramProtocol):
+    def __init__(self, client: _Client) -> None:
+        self.client = client
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.client.from_server(data)
+
+
+class _Pipe:
+    """One direction's packets in flight, released at their arrival times. The loop's timer heap does not keep
+    equal deadlines in order, so a FIFO path keeps its own queue and one timer for its head."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fifo: bool, stats: DirectionStats,
+                 send: Callable[[bytes], None]) -> None:
+        self._loop = loop
+        self._fifo = fifo
+        self._stats = stats
+        self._send = send
+        self._queue: deque[tuple[float, bytes]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._loose: set[asyncio.TimerHandle] = set()
+        self.closed = False
+
+    def put(self, due: float, data: bytes) -> None:
+        if not self._fifo:
+            handle = self._loop.call_at(due, self._release_one, data)
+            self._loose.add(handle)
+            return
+        self._queue.append((due, data))
+        if self._timer is None:
+            self._timer = self._loop.call_at(due, self._release)
+
+    def _deliver(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self._stats.forwarded += 1
+        self._stats.bytes_forwarded += len(data)
+        self._send(data)
+
+    def _release_one(self, data: bytes) -> None:
+        self._loose = {h for h in self._loose if not h.cancelled() and h.when() > self._loop.time()}
+        self._deliver(data)
+
+    def _release(self) -> None:
+        self._timer = None
+        now = self._loop.time()
+        while self._queue and self._queue[0][0] <= now:
+            self._deliver(self._queue.popleft()[1])
+        if self._queue and not self.closed:
+            self._timer = self._loop.call_at(self._queue[0][0], self._release)
+
+    def close(self) -> None:
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        for handle in self._loose:
+            handle.cancel()
+        self._queue.clear()
+
+
+class _Client:
+    """One client address: its upstream socket and one path model per direction."""
+
+    def __init__(self, relay: Relay, addr: tuple[str, int], index: int) -> None:
+        self.relay = relay
+        self.addr = addr
+        seeds = random.Random(f"eloquent-relay/{relay.config.seed}/{index}")
+        self.up = PathModel(relay.config.direction(True), seeds.getrandbits(63))
+        self.down = PathModel(relay.config.direction(False), seeds.getrandbits(63))
+        self.transport: asyncio.DatagramTransport | None = None
+        self.pending: list[bytes] = []
+        loop = asyncio.get_running_loop()
+        self.up_pipe = _Pipe(loop, not self.up.config.reorder, relay.stats.upstream, self._to_server)
+        self.down_pipe = _Pipe(loop, not self.down.config.reorder, relay.stats.downstream, self._to_client)
+        self.ready = asyncio.ensure_future(self._connect())
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            transport, _ = await loop.create_datagram_endpoint(lambda: _Upstream(self),
+                                                               remote_addr=self.relay.config.target)
+        except OSError:
+            self.relay.stats.upstream_errors += 1  # unreachable target: this client's datagrams go nowhere
+            self.pending.clear()
+            return
+        if self.relay.closed:
+            transport.close()
+            return
+        self.transport = transport  # type: ignore[assignment]
+        for data in self.pending:
+            transport.sendto(data)
+        self.pending.clear()
+
+    def from_client(self, data: bytes) -> None:
+        self.relay._pass(self.up, self.relay.stats.upstream, data, self.up_pipe)
+
+    def from_server(self, data: bytes) -> None:
+        self.relay._pass(self.down, self.relay.stats.downstream, data, self.down_pipe)
+
+    def _to_server(self, data: bytes) -> None:
+        if self.transport is None:
+            if not self.ready.done():
+                self.pending.append(data)
+        else:
+            self.transport.sendto(data)
+
+    def _to_client(self, data: bytes) -> None:
+        if self.relay.transport is not None:
+            self.relay.transport.sendto(data, self.addr)
+
+    def close(self) -> None:
+        self.up_pipe.close()
+        self.down_pipe.close()
+        self.ready.cancel()
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Relay(asyncio.DatagramProtocol):
+    """Running relay; build it with ``start_relay``."""
+
+    def __init__(self, config: RelayConfig) -> None:
+        self.config = config
+        self.stats = RelayStats()
+        self.transport: asyncio.DatagramTransport | None = None
+        self.closed = False
+        self._loop = asyncio.get_running_loop()
+        self._start = self._loop.time()
+        self._clients: dict[tuple[str, int], _Client] = {}
+
+    @property
+    def listen_addr(self) -> tuple[str, int]:
+        assert self.transport is not None
+        return self.transport.get_extra_info("sockname")[:2]
+
+    def upstream_addr(self, client: tuple[str, int]) -> tuple[str, int] | None:
+        """The local address of the socket that relays ``client``'s datagrams (what the server sees)."""
+        entry = self._clients.get(client)
+        if entry is None or entry.transport is None:
+            return None
+        return entry.transport.get_extra_info("sockname")[:2]
+
+    def elapsed(self) -> float:
+        return self._loop.time() - self._start
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        client = self._clients.get(addr)
+        if client is None:
+            if len(self._clients) >= self.config.max_clients:
+                self.stats.refused_clients += 1
+                return
+            client = self._clients[addr] = _Client(self, addr, len(self._clients))
+            self.stats.clients += 1
+        client.from_client(data)
+
+    def _pass(self, model: PathModel, stats: DirectionStats, data: bytes, pipe: _Pipe) -> None:
+        stats.received += 1
+        outage_before = model.stats.outage_drops
+        arrival = model.transmit(self.elapsed(), len(data) + UDP_IP_HEADER)
+        if arrival is None:
+            if model.stats.outage_drops > outage_before:
+                stats.outage_dropped += 1
+            else:
+                stats.dropped += 1
+            return
+        pipe.put(self._start + arrival, data)
+
+    async def close(self) -> None:
+        """Stop relaying: drop what is still in flight and close every socket."""
+        if self.closed:
+            return
+        self.closed = True
+        for client in self._clients.values():
+            client.close()
+        if self.transport is not None:
+            self.transport.close()
+        await asyncio.sleep(0)
+
+    async def __aenter__(self) -> Relay:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+async def start_relay(config: RelayConfig) -> Relay:
+    """Bind the listening socket and return the running relay (``.listen_addr``, ``.stats``, ``close()``)."""
+    loop = asyncio.get_running_loop()
+    relay = Relay(config)
+    try:
+        transport, _ = await loop.create_datagram_endpoint(lambda: relay, local_addr=config.listen)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {config.listen[0]}:{config.listen[1]}: {exc}") from None
+    relay.transport = transport  # type: ignore[assignment]
+    return relay

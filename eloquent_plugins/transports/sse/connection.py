@@ -1,0 +1,249 @@
+"""Writing one stream to one client connection.
+
+Fast path: while the client keeps up, the producer (the app's own task) writes each new event straight to the
+client (``claim`` / ``write_claimed``), so a caught-up stream costs no task switch per event. Otherwise the
+connection's task writes.
+
+The connection reads the stream from its own cursor: whatever is queued goes out in one write (coalescing: a
+client that keeps up gets each event as soon as it exists, a slow one gets everything pending at once). A
+periodic tick sends the idle keep-alive, cuts a client that accepts no bytes for ``send_timeout`` seconds, and
+renews the connection's lease so the producer (on any replica) knows the stream is still read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from eloquent_plugins.core.keepalive import KeepAlivePolicy
+from eloquent_plugins.transports.metrics import StreamMetrics
+from eloquent_plugins.transports.resume.base import ReplaySource
+from eloquent_plugins.transports.resume.local import LocalSource
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Merge = Callable[[list[bytes]], tuple[list[bytes], int]]
+
+class Connection:
+    def __init__(self, send: Send, source: ReplaySource, cursor: int, *, policy: KeepAlivePolicy,
+                 send_timeout: float, metrics: StreamMetrics, merge: Merge | None = None, coalesce: bool = True,
+                 renew_lease: Callable[[], Coroutine[Any, Any, None]] | None = None, lease_every: float = 1.0) -> None:
+        self.send = send
+        self.source = source
+        self.cursor = cursor
+        self.policy = policy
+        self.send_timeout = send_timeout
+        self.metrics = metrics
+        self.merge = merge
+        self.coalesce = coalesce
+        self.renew_lease = renew_lease
+        self.lease_every = lease_every
+        self.gone = False
+        self.timed_out = False
+        self._wake: asyncio.Future[None] | None = None
+        self._keepalive_due = False
+        self._last_write = 0.0
+        self._sending_since: float | None = None
+        self._task: asyncio.Task[str] | None = None
+        self._next_lease = 0.0
+        self._lease_task: asyncio.Task[None] | None = None
+        self._parked_busy = False
+        self.busy = False
+        """Someone (this connection's task or the producer) is inside ``send``."""
+        self._direct_task: asyncio.Task[Any] | None = None
+        intervals = [x for x in (policy.interval if policy.enabled else 0.0, send_timeout) if x > 0]
+        self._tick_every = min(1.0, min(intervals) / 4) if intervals else 1.0
+        if renew_lease is not None:
+            self._tick_every = min(self._tick_every, lease_every)
+
+    def start(self) -> asyncio.Task[str]:
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._run(), name="eloquent-sse-connection")
+        return self._task
+
+    def disconnect(self) -> None:
+        """The client went away (seen on ``receive``)."""
+        self.gone = True
+        self._wakeup()
+
+    def claim(self) -> bool:
+        """Producer fast path, called before it appends: True if this connection is idle and caught up, in which
+        case the producer must call ``write_claimed()`` right after appending."""
+        source = self.source
+        if self._wake is None or self.busy or self.gone or not isinstance(source, LocalSource):
+            return False
+        log = source.log
+        if self.cursor != log.base + len(log.frames):
+            return False
+        self.busy = True
+        source.held = True
+        return True
+
+    async def write_claimed(self) -> None:
+        source: LocalSource = self.source  # type: ignore[assignment]
+        source.held = False
+        log = source.log
+        start = self.cursor - log.base
+        frames = log.frames
+        count = len(frames) - start
+        if count <= 0:
+            self.busy = False
+            if self._parked_busy:
+                self._wakeup()
+            return
+        body = frames[start] if count == 1 else b"".join(frames[start:])
+        self.cursor += count
+        loop = self._loop
+        self._sending_since = now = loop.time()
+        self._direct_task = asyncio.current_task(loop)
+        try:
+            await self.send({"type": "http.response.body", "body": body, "more_body": True})
+        except asyncio.CancelledError:
+            if not self.timed_out or self._direct_task is None:
+                raise
+            self._direct_task.uncancel()  # our own send-timeout cut, not a cancellation of the app
+            self.gone = True
+        except OSError:
+            self.gone = True
+        finally:
+            self._direct_task = None
+            self._sending_since = None
+            self.busy = False
+        # The send normally completes without suspending, so the clock read before it is good enough.
+        self._last_write = now
+        metrics = self.metrics
+        metrics.bytes_sent += len(body)
+        metrics.writes += 1
+        if (self.gone or self._keepalive_due or self._parked_busy or log.closed
+                or self.cursor < log.base + len(frames)):
+            self._wakeup()
+
+    def _wakeup(self) -> None:
+        fut = self._wake
+        if fut is not None:
+            self._wake = None
+            if not fut.done():
+                fut.set_result(None)
+
+    def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._sending_since is not None:
+            if self.send_timeout > 0 and now - self._sending_since > self.send_timeout and self._task is not None:
+                self.timed_out = True
+                if self._direct_task is not None:
+                    self._direct_task.cancel()  # the producer is stuck writing: cut it loose
+                    self.gone = True
+                    self._wakeup()
+                else:
+                    self._task.cancel()
+                return
+        elif self.policy.enabled and now - self._last_write >= self.policy.interval:
+            self._keepalive_due = True
+            self._wakeup()
+        if self.renew_lease is not None and now >= self._next_lease and (
+                self._lease_task is None or self._lease_task.done()):
+            self._next_lease = now + self.lease_every
+            self._lease_task = loop.create_task(self.renew_lease())
+        self._handle = loop.call_later(self._tick_every, self._tick)
+
+    async def _run(self) -> str:
+        loop = asyncio.get_running_loop()
+        self._last_write = loop.time()
+        self._handle = loop.call_later(self._tick_every, self._tick)
+        if self.renew_lease is not None:
+            self._next_lease = self._last_write + self.lease_every
+        source, send, metrics, merge = self.source, self.send, self.metrics, self.merge
+        try:
+            while True:
+                if self.busy:  # the producer is writing to this client directly; it wakes us when done
+                    wake = loop.create_future()
+                    self._wake = wake
+                    self._parked_busy = True
+                    try:
+                        await wake
+                    finally:
+                        self._parked_busy = False
+                        self._wake = None
+                    continue
+                frames = source.take(self.cursor)
+                if frames:
+                    if not self.coalesce:
+                        frames = frames[:1]
+                    count = len(frames)
+                    if count == 1:
+                        body = frames[0]
+                    else:
+                        if merge is not None:
+                            frames, merged = merge(frames)
+                            metrics.events_merged += merged
+                        body = b"".join(frames)
+                    self.cursor += count
+                    self._sending_since = loop.time()
+                    self.busy = True
+                    try:
+                        await send({"type": "http.response.body", "body": body, "more_body": True})
+                    finally:
+                        self.busy = False
+                        self._sending_since = None
+                    self._last_write = loop.time()
+                    metrics.bytes_sent += len(body)
+                    metrics.writes += 1
+                    if self.gone:
+                        return "disconnected"
+                    continue
+                if source.ended(self.cursor):
+                    if source.end_reason == "disconnected":
+                        # The engine request was aborted: end the body without completing it, so that no client
+                        # takes a cut-off stream for a whole one (a resume then gets a 410).
+                        return "aborted"
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return "complete"
+                if self.gone:
+                    return "disconnected"
+                if self._keepalive_due:
+                    self._keepalive_due = False
+                    frame = self.policy.sse_frame  # see keepalive.SSE_COMMENT_FRAME for why it is one line
+                    self._sending_since = loop.time()
+                    self.busy = True
+                    try:
+                        await send({"type": "http.response.body", "body": frame, "more_body": True})
+                    finally:
+                        self.busy = False
+                        self._sending_since = None
+                    self._last_write = loop.time()
+                    metrics.keepalives += 1
+                    metrics.bytes_sent += len(frame)
+                    continue
+                wake = loop.create_future()
+                self._wake = wake
+                timeout = (self._last_write + self.policy.interval - loop.time()) if self.policy.enabled else 1.0
+                await source.wait(self.cursor, max(0.01, timeout), wake)
+                self._wake = None
+        except OSError:
+            # ASGI 2.4 servers raise on a send to a closed connection.
+            return "disconnected"
+        finally:
+            self._handle.cancel()
+            if self._lease_task is not None and not self._lease_task.done():
+                self._lease_task.cancel()
+            source.close()
+
+    async def finished(self) -> str:
+        """Wait for the connection to end; ``send_timeout`` when the client stopped reading."""
+        assert self._task is not None
+        try:
+            reason = await asyncio.shield(self._task)
+            if self.timed_out:
+                self.metrics.send_timeouts += 1
+                return "send_timeout"
+            return reason
+        except asyncio.CancelledError:
+            if self.timed_out and self._task.done():
+                self.metrics.send_timeouts += 1
+                return "send_timeout"
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            raise

@@ -1,0 +1,109 @@
+"""Turning the app's SSE body into the stream log: one ``StreamEvent`` per engine event, each given an id.
+
+The common case (one ``data: ...\\n\\n`` event per body chunk, as vLLM and Starlette apps write) is handled by a
+few C-level byte checks; anything else (several events per chunk, split events, ``event:`` fields, CRLF) goes
+through the full incremental parser. Comments from the app are dropped: the middleware sends its own
+keep-alives.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from eloquent_plugins.core.codecs.base import Codec
+from eloquent_plugins.core.events import StreamEvent
+from eloquent_plugins.transports.metrics import StreamMetrics
+from eloquent_plugins.core.hooks.manager import StreamHooks
+from eloquent_plugins.core.sse_writer import format_event
+from eloquent_plugins.core.sse_reader import SSEParser
+from eloquent_plugins.transports.resume.log import StreamLog
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+_DATA = b"data: "
+_BLANK_ENDINGS = (b"\n\n", b"\r\n\r\n", b"\r\r")
+
+
+class Producer:
+    __slots__ = ("log", "hooks", "codec", "metrics", "_id_prefix", "_index", "_parser", "_clean", "_first",
+                 "_last", "_started", "_observe", "_clock", "_id")
+
+    def __init__(self, log: StreamLog, *, token: str | None, hooks: StreamHooks, codec: Codec,
+                 metrics: StreamMetrics, started: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.log = log
+        self.hooks = hooks
+        self.codec = codec
+        self.metrics = metrics
+        self._id = token is not None
+        self._id_prefix = b"id: " + token.encode() + b":" if token is not None else b""
+        self._index = 0
+        self._parser: SSEParser | None = None
+        self._clean = True
+        self._first: float | None = None
+        self._last = 0.0
+        self._started = started
+        self._observe = hooks.active
+        self._clock = clock
+
+    @property
+    def events(self) -> int:
+        return self._index
+
+    def feed(self, body: bytes) -> None:
+        """One body chunk from the app."""
+        if (self._clean and body.startswith(_DATA) and body.endswith(b"\n\n") and body.count(b"\n") == 2
+                and b"\r" not in body):
+            self._event(body[6:-2], None, body)
+            return
+        if self._clean and body.startswith(b":") and body.endswith(b"\n\n") and body.count(b"\n") == 2:
+            return  # the app's own keep-alive comment
+        parser = self._parser
+        if parser is None:
+            parser = self._parser = SSEParser()
+        for message in parser.feed(body):
+            event = message.event if message.event != "message" else None
+            frame = format_event(message.data, event=event, retry=message.retry) if message.retry is not None else None
+            self._event(message.data.encode(), event, frame)
+        self._clean = body.endswith(_BLANK_ENDINGS)
+
+    def _event(self, payload: bytes, event: str | None, frame: bytes | None) -> None:
+        index = self._index
+        self._index = index + 1
+        if self._observe:
+            out = self.hooks.event(StreamEvent(index, payload))
+            if out.payload is not payload:
+                payload, frame = out.payload, None
+        if frame is None:
+            frame = format_event(payload, event=event)
+        if self._id:
+            frame = b"%s%d\n%s" % (self._id_prefix, index, frame)
+        now = self._clock()
+        metrics = self.metrics
+        if self._first is None:
+            self._first = now
+            metrics.ttft.observe(now - self._started)
+        else:
+            metrics.gap.observe(now - self._last)
+        self._last = now
+        metrics.events += 1
+        self.log.append(frame)
+
+    def fail(self, error: BaseException, *, message: str | None = None) -> None:
+        """An engine failure after the response started: in-band error event(s) in the endpoint's format."""
+        text = message if message is not None else (str(error) or type(error).__name__)
+        payloads = (self.codec.error_payload(text, error_type=type(error).__name__, status=500),
+                    *self.codec.end_payloads())
+        self.metrics.errors += 1
+        self.hooks.error(error)
+        for payload in payloads:
+            self._event(payload, None, None)
+        self.close("error")
+
+    def close(self, reason: str) -> None:
+        if self.log.closed:
+            return
+        if self._first is not None and self._index > 1:
+            self.metrics.tpot.observe((self._last - self._first) / (self._index - 1))
+        self.log.close(reason)
