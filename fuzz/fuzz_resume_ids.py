@@ -1,8 +1,8 @@
 """Fuzz SSE resumption: Last-Event-ID / ``?last_event_id=`` parsing and the resume checks behind it.
 
 A hostile client controls the Last-Event-ID header, the query string and its own credentials; it may replay a
-real id, forge one, or present another caller's. This target runs the same steps as
-``EloquentMiddleware._resume`` against a ``MemoryStore`` holding one real stream: ``resume_request`` ->
+real id, forge one, or present another caller's. This target runs the same steps as the resume endpoint
+(``transports/sse/resume.py``) against a ``MemoryStore`` holding one real stream: ``resume_request`` ->
 ``parse_event_id`` -> ``store.open`` -> owner check -> ``source.check`` -> ``take``/``ended``. Only the
 errors the middleware maps to a 4xx (``BadEventId``, ``EventsGone``, ``ValueError`` from ``check``) may escape;
 a forged token never opens a stream, another caller never passes the owner check, and a resume returns exactly
@@ -22,12 +22,8 @@ import atheris
 with atheris.instrument_imports(include=["eloquent_plugins"]):
     from eloquent_plugins.transports.resume.base import StreamMeta
     from eloquent_plugins.transports.resume.memory import MemoryStore
-    from eloquent_plugins.transports.sse.ids import (
-        BadEventId,
-        identity_hash,
-        parse_event_id,
-        resume_request,
-    )
+    from eloquent_plugins.core.protocol import BadEventId, parse_event_id
+    from eloquent_plugins.transports.sse.ids import identity_hash, resume_request
     from eloquent_plugins.transports.resume.log import EventsGone, StreamLog
 
 TOKEN = "Zq3-_k9PdL0wXyA1bC2eFg"  # fixed (not secret) so crash reproducers replay; real ones come from secrets

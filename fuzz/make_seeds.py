@@ -79,7 +79,9 @@ def sse_streams() -> list[bytes]:
               b"retry: 2000\r\n: keep-alive\r\n\r\n")
     error = (b'\xef\xbb\xbfdata: {"error": {"message": "engine failed", "type": "EngineError", "code": 500}}\n'
              b"data: second line\n\n\n\n")
-    return [openai, tgi, triton, error]
+    # retry: with non-ASCII digits is ignored (WHATWG: ASCII digits only); str.isdigit() took "²" and int() raised.
+    retry = "retry: \u00b2\ndata: a\n\nretry: \u0663\ndata: b\n\nretry: 7\ndata: c\n\n".encode()
+    return [openai, tgi, triton, error, retry]
 
 
 def request_bodies() -> list[bytes]:

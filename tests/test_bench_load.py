@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eloquent_plugins.cli.bench import load
+from eloquent_plugins.cli.bench import load, load_hostile
 from eloquent_plugins.cli.bench.lighthttp import ResponseError, Result, _Exchange
 
 
@@ -104,5 +104,79 @@ def test_load_client_counts_a_wrong_text_as_an_error(tmp_path) -> None:
         assert bad.errors["text differs from the non-streamed answer"] >= 3
         good = asyncio.run(asyncio.wait_for(once({prompt: expected[prompt]}), 30))
         assert good.completed >= 3 and not good.errors
+
+        # The resume storm's check can fail too: a reassembled text other than the expected one is a mismatch.
+        async def storm(text: str) -> load_hostile.HostileTally:
+            tally = load_hostile.HostileTally(storm_resumes=[0])
+            await load_hostile._storm_stream(0, cfg, port, prompt, text, tally, random.Random(1))
+            return tally
+
+        bad_storm = asyncio.run(asyncio.wait_for(storm(wrong[prompt]), 30))
+        assert (bad_storm.storm_mismatches, bad_storm.storm_completed) == (1, 0), bad_storm
+        good_storm = asyncio.run(asyncio.wait_for(storm(expected[prompt]), 30))
+        assert (good_storm.storm_mismatches, good_storm.storm_completed) == (0, 1), good_storm
+        # 5 tokens cut after 1 event each at most (max_tokens // 4 -> 1): the stream was resumed several times.
+        assert good_storm.storm_resumes[0] >= 5 and not good_storm.storm_errors
     finally:
         load.stop_server(proc)
+
+
+def test_fake_initial_is_a_quic_v1_initial_a_server_must_consider() -> None:
+    from aioquic.buffer import Buffer
+    from aioquic.quic.packet import QuicPacketType, pull_quic_header
+
+    packets = {load_hostile.fake_initial() for _ in range(50)}
+    assert len(packets) == 50  # random connection ids and payloads
+    for packet in packets:
+        header = pull_quic_header(Buffer(data=packet), host_cid_length=8)
+        assert len(packet) == load_hostile.INITIAL_SIZE == header.packet_length
+        assert (packet[0], header.version, header.packet_type, header.token) == (0xC0, 1, QuicPacketType.INITIAL,
+                                                                                 b"")
+        assert len(header.destination_cid) == len(header.source_cid) == 8
+
+
+def test_hostile_options_preset_and_knobs() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    load.add_arguments(parser)
+    assert not load.config_from_args(parser.parse_args([])).hostile
+    preset = load.config_from_args(parser.parse_args(["--hostile"]))
+    assert (preset.never_readers, preset.fake_initials_per_s, preset.resume_storm) == (200, 300.0, 50)
+    mixed = load.config_from_args(parser.parse_args(["--hostile", "--never-readers", "0", "--quick"]))
+    assert (mixed.never_readers, mixed.resume_storm, mixed.sse_streams) == (0, 50, 100)
+    one = load.config_from_args(parser.parse_args(["--resume-storm", "3"]))
+    assert (one.never_readers, one.fake_initials_per_s, one.resume_storm) == (0, 0.0, 3) and one.hostile
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--never-readers", str(load.MAX_NEVER_READERS + 1)])
+
+
+def test_hostile_mix_leaves_the_normal_streams_without_errors(tmp_path, capsys) -> None:
+    """Issue 18: never-readers, fake QUIC Initials and resume storms beside the normal load; the normal streams
+    still have zero errors, every storm text is exact, and the summary says what hostile traffic was sent."""
+    out = tmp_path / "load.json"
+    rc = load.main(["--sse", "8", "--h3", "2", "--h3-connections", "1", "--duration", "8", "--ramp", "1",
+                    "--tpot", "0.05", "--ttft", "0.05", "--max-tokens", "12", "--resume-ttl", "1",
+                    "--sample-interval", "0.5", "--never-readers", "20", "--fake-initials-per-s", "200",
+                    "--resume-storm", "5", "--json", str(out)])
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    h = result["hostile"]
+    assert rc == 0 and result["errors"] == 0, (result["sse"]["examples"], result["h3"]["examples"])
+    for kind in ("sse", "h3"):
+        assert result[kind]["completed"] >= 10 and not result[kind]["errors"], result[kind]
+    # Storms: every stream that ended was reassembled exactly, and every client really cut and resumed.
+    assert h["storm_mismatches"] == 0 and not h["storm_errors"], h["examples"]
+    assert h["storm_completed"] >= 10
+    assert len(h["storm_resumes"]) == 5 and h["storm_resumes_min_per_client"] >= 5, h["storm_resumes"]
+    assert h["storm_cuts"] >= h["storm_resumes_total"] - 5
+    # Never-readers: 20 held (a refused or shed one is counted, and replaced).
+    assert h["never_opened"] + sum(h["never_refused"].values()) >= 20
+    assert h["never_at_end"]["held"] + sum(h["never_closed"].values()) >= 20 - sum(h["never_refused"].values())
+    assert sum(h["never_at_end"]["outcomes"].values()) == h["never_at_end"]["held"]
+    # Fake Initials at about the asked rate for the ~9 s run.
+    assert h["initials_sent"] >= 0.6 * 200 * 9 and 100 <= h["initials_per_s"] <= 210, h
+    assert f"fake QUIC Initials: {h['initials_sent']} sent" in printed
+    assert f"resume storm (5 clients): {h['storm_completed']} streams exact, 0 mismatched" in printed
+    assert f"20 never-readers: opened {h['never_opened']}" in printed
+    assert "errors seen by clients: 0 (normal streams: the verdict)" in printed

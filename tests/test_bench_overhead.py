@@ -1,20 +1,28 @@
 """``eloquent bench overhead`` against live servers: the light HTTP client (framing, keep-alive, first-token
 timing, the stream's tail) and the interleaved measurement (modes, the middleware bypass, per-round ratios),
-against real sockets and real uvicorn servers. Correctness only: no timing assertions."""
+against real sockets and real uvicorn servers; CPU per token from /proc and the ``--vllm`` measurement (its quick
+run on real vLLM servers is marked ``vllm``). Correctness only: no timing assertions."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from eloquent_plugins.cli.bench import lighthttp
+from eloquent_plugins.cli.bench import cpu, lighthttp
 from eloquent_plugins.cli.bench import overhead_live as live
+from eloquent_plugins.cli.bench import overhead_vllm as ov
 from eloquent_plugins.cli.bench.overhead import main
 from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
@@ -271,3 +279,126 @@ def test_parse_cpus() -> None:
     assert live.parse_cpus("0-2,5") == {0, 1, 2, 5}
     with pytest.raises(ValueError):
         live.parse_cpus(",")
+
+
+# -- CPU per token (issue 16): /proc readings, process roles, the --vllm measurement ---------------------------
+
+
+def test_cpu_meter_reads_a_child_that_burns_cpu() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.4\n"
+                              "while time.process_time() < end: pass\ntime.sleep(30)"], process_group=0)
+    try:
+        assert child.pid in cpu.descendants(os.getpid())
+        assert "time.process_time" in cpu.cmdline(child.pid)
+        meter = cpu.CpuMeter({"child": [child.pid], "none": []})
+        assert list(meter.groups) == ["child"]  # an empty group is not measured
+        meter.start()
+        deadline = time.monotonic() + 30
+        while cpu.cpu_seconds(child.pid) < 0.4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        spent = meter.stop()["child"]
+        assert 0.2 <= spent <= 0.6  # most of its 0.4 s falls inside the reading (its start-up before it)
+        assert cpu.thread_ns(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    with pytest.raises(cpu.ProcessGone):
+        cpu.cpu_seconds(child.pid)
+
+
+def test_vllm_processes_sorts_a_server_tree_by_process_titles() -> None:
+    """What vLLM's setproctitle shows: EngineCore and Worker below the API server we started."""
+    script = "(exec -a VLLM::EngineCore sleep 30) & (exec -a VLLM::Worker_TP0 sleep 30) & (exec sleep 31) & wait"
+    root = subprocess.Popen(["bash", "-c", script], process_group=0)
+    try:
+        deadline = time.monotonic() + 10
+        while len(cpu.descendants(root.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        procs = cpu.vllm_processes(root.pid)
+        assert list(procs.api) == [root.pid] and "API server: the started process" in procs.how
+        assert sorted(procs.engine.values()) == ["VLLM::EngineCore 30", "VLLM::Worker_TP0 30"]
+        assert list(procs.other.values()) == ["sleep 31"]
+    finally:
+        os.killpg(root.pid, signal.SIGKILL)
+        root.wait()
+    with pytest.raises(cpu.ProcessGone, match="no engine process"):
+        cpu.vllm_processes(os.getpid())  # pytest has no VLLM::EngineCore below it
+
+
+def _fake_run(tokens: int, api: float) -> dict[str, Any]:
+    return {"tokens": tokens, "events": tokens + 3, "tokens_per_s": tokens / 2, "client_cpu_s": 0.01, "errors": 0,
+            "cpu_s": {"plugin api": api, "vllm api": api, "plugin engine": 1.0, "vllm engine": 1.0}}
+
+
+def test_summarise_pairs_api_cpu_per_token_within_each_round() -> None:
+    paths = [p for p in ov.PATHS if p.name in ("vllm-streamed", "plugin-sse", "plugin-bypass")]
+    rounds = [{"vllm-streamed": _fake_run(1000, 0.050), "plugin-sse": _fake_run(1000, 0.052),
+               "plugin-bypass": _fake_run(1000, 0.050)},
+              {"vllm-streamed": _fake_run(1000, 0.100), "plugin-sse": _fake_run(1000, 0.100),
+               "plugin-bypass": _fake_run(500, 0.060)}]
+    out = ov.summarise(32, 64, paths, rounds)
+    assert out["paths"]["plugin-sse"]["api_us_per_token"]["values"] == pytest.approx([52.0, 100.0])
+    assert out["ratios"]["plugin-sse/vllm-streamed"]["values"] == pytest.approx([1.04, 1.0])  # per round
+    assert out["ratios"]["plugin-sse/vllm-streamed"]["target"] == "<= 1.05"
+    assert out["ratios"]["plugin-bypass/vllm-streamed"]["values"] == pytest.approx([1.0, 1.2])
+    assert set(out["ratios"]) == {"plugin-sse/vllm-streamed", "plugin-bypass/vllm-streamed", "plugin-sse/plugin-bypass"}
+    assert out["ratios_per_event"]["plugin-bypass/vllm-streamed"]["values"] == pytest.approx([1.0, 0.6 * 1003 / 503])
+    assert out["paths"]["plugin-sse"]["events_per_token"]["values"] == pytest.approx([1.003, 1.003])
+
+
+def test_measure_attributes_each_run_to_its_servers_processes(servers: tuple[UvicornThread, UvicornThread]) -> None:
+    """The --vllm loop against two in-process servers (middleware as "plugin", bare as "vllm"): paths checked,
+    order rotated, every run's CPU read from /proc (here: this process, which serves both)."""
+    mw, bare = servers
+    me = cpu.ServerProcesses(api={os.getpid(): "pytest"}, engine={os.getpid(): "pytest"})
+    fake = {"plugin": ov.Server("plugin", None, mw.url, "", "mw", procs=me),  # type: ignore[arg-type]
+            "vllm": ov.Server("vllm", None, bare.url, "", "bare", procs=me)}  # type: ignore[arg-type]
+    paths = [p for p in ov.PATHS if p.server in fake and not p.h3]
+    rows = ov.measure(fake, paths, MODEL, 16, [2], None, 2)
+    row = rows[0]
+    assert row["requests"] == 4 and set(row["paths"]) == {p.name for p in paths}
+    assert all(e["errors"] == 0 for e in row["paths"].values())
+    assert all(run["cpu_s"]["vllm api"] > 0 and run["tokens"] == 64 for run in row["runs"])
+    streamed = [run for run in row["runs"] if run["stream"]]
+    assert all(run["events"] >= run["tokens"] for run in streamed)  # one event per token, + role, usage, [DONE]
+    assert row["paths"]["plugin-sse"]["api_us_per_event"]["median"] > 0
+    assert {r["mode"] for r in row["runs"] if r["position"] == 0} == {"non-streamed", "vllm-streamed"}
+    assert "plugin-bypass/vllm-streamed" in row["ratios"] and "gateway/vllm-streamed" not in row["ratios"]
+    ov.print_report({"servers": {}, "levels": rows})
+
+
+@pytest.mark.vllm
+def test_vllm_quick_measures_every_path_on_real_servers(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    """``--vllm MODEL --quick``: both vLLM servers (and the gateway) side by side, every path, CPU per token from
+    the processes found below each server; about 1.5-2 minutes on 2 cores."""
+    from tests.support.vllm import VLLM_PYTHON, build_tiny_model
+
+    model = build_tiny_model()
+    out = tmp_path / "vllm.json"
+    code = main(["--vllm", model, "--quick", "--vllm-python", str(VLLM_PYTHON), "--concurrency", "1,4",
+                 "--vllm-args", "--enforce-eager --max-model-len 2048 --max-num-seqs 8 --dtype float32 --seed 0",
+                 "--json", str(out)])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert data["servers"]["plugin"]["processes"]["engine"] and data["servers"]["vllm"]["processes"]["api"]
+    expected = {"non-streamed", "vllm-streamed", "plugin-non-streamed", "plugin-bypass", "plugin-sse", "plugin-h3"}
+    if "gateway" in data["servers"]:
+        expected.add("gateway")
+    assert set(data["paths"]) == expected
+    for level in data["levels"]:
+        for name, entry in level["paths"].items():
+            assert entry["errors"] == 0, (name, entry.get("error_sample"))
+            assert entry["api_us_per_token"]["median"] > 0
+        assert level["ratios"]["plugin-sse/vllm-streamed"]["median"] > 0
+    assert "API-server CPU per token" in capsys.readouterr().out
+
+
+def test_adapter_cost_times_the_vllm_stack_on_requests_that_bypass_it() -> None:
+    """Item 4's in-process figure: the adapter around a stand-in app, bypass and non-streamed (no timing asserted)."""
+    from eloquent_vllm import bench_cost as adapter_cost
+
+    result = asyncio.run(adapter_cost.measure(messages=16, requests=20, repeat=1))
+    assert result["messages"] == 16
+    assert result["bypass_bare_us_per_request"] > 0 and result["non_streamed_bare_us_per_request"] > 0
+    assert {"bypass_added_us_per_request", "non_streamed_added_us_per_request", "bypass_added_ns_per_event"} <= set(result)

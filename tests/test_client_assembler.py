@@ -6,10 +6,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from eloquent_plugins.core.assembler import EloquentAssembler
-from eloquent_plugins.core.errors import IncompleteStream
 
-from eloquent_plugins.core.errors import LimitExceeded, ProtocolViolation
+from eloquent_plugins.core.assembler import EloquentAssembler
+from eloquent_plugins.core.errors import IncompleteStream, LimitExceeded, ProtocolViolation
 from eloquent_plugins.core.events import EventKind
 from eloquent_plugins.core.response_stream import EloquentResponseStream
 from eloquent_plugins.core.sender import SenderConfig

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import socket
 from collections.abc import AsyncIterator
 
 import pytest
@@ -22,15 +21,10 @@ from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.transports.http3 import start_http3_server
+from tests.support.servers import free_port
 
 BODY = {"model": "eloquent-builtin", "messages": [{"role": "user", "content": "three ways"}], "stream": True,
         "max_tokens": 40}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -29,6 +30,7 @@ from eloquent_plugins.engine import (
 )
 from eloquent_plugins.engine.stops import StopMatcher
 from eloquent_plugins.engine.vocab import build_corpus, default_corpus
+from tests.support.streams import wait_until
 
 FAST = EngineConfig(ttft=0.0, tpot=0.0)
 CHAT = "/v1/chat/completions"
@@ -82,12 +84,8 @@ async def serve(app: Starlette) -> AsyncIterator[str]:
         await asyncio.wait_for(task, 10)
 
 
-async def wait_for(predicate: Any, what: str, limit: float = 10.0) -> None:
-    """Poll until ``predicate()`` holds (a generous upper bound, not a speed assertion)."""
-    deadline = time.monotonic() + limit
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
+wait_for = functools.partial(wait_until, timeout=10.0, interval=0.01)
+"""Poll until ``predicate()`` holds (a generous upper bound, not a speed assertion)."""
 
 
 async def collect(engine: Engine, prompt: str = "p", **kw: Any) -> list[Token]:

@@ -48,7 +48,7 @@ from tests.support.tgi_server import (
     create_tgi_server,
     run_in_thread,
 )
-from tests.support.triton_models import free_port as port_below_ephemeral_range
+from tests.support.triton_models import port_below_ephemeral_range
 from tests.support.triton_models import triton_python
 from tests.support.vllm import VLLM_PYTHON, build_tiny_model
 

@@ -1,4 +1,5 @@
-"""A hook plugin installed through the ``eloquent_plugins`` entry point is loaded and sees every event."""
+"""A hook plugin installed through the ``eloquent_plugins`` entry point is loaded and sees every event; resume
+store plugins go through the resume transport's own hook, with a fixed precedence."""
 
 from __future__ import annotations
 
@@ -13,10 +14,14 @@ import httpx
 import pytest
 
 from eloquent_plugins.core.config import StreamConfig
-from eloquent_plugins.engine import EngineConfig, create_engine_app
+from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.hooks.manager import create_plugin_manager
-from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+from eloquent_plugins.core.hooks.specs import hookimpl
 from eloquent_plugins.core.sse_reader import SSEParser
+from eloquent_plugins.engine import EngineConfig, create_engine_app
+from eloquent_plugins.transports.resume import MemoryStore, ResumeStore, create_store
+from eloquent_plugins.transports.resume.hooks import add_resume_hookspecs, plugin_store_factories
+from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 
 PLUGIN = '''
 """Test plugin: records every hook call into the file named by $EVENT_LOG."""
@@ -92,3 +97,53 @@ async def test_entry_point_plugin_sees_every_event(installed_plugin: Path, tmp_p
     assert [r["index"] for r in seen] == list(range(len(seen)))
     assert [r["payload"] for r in seen if r["payload"]] == sent, "the plugin must see exactly the events sent"
     assert len({r["stream"] for r in records}) == 1
+
+
+class _Store(MemoryStore):
+    """A plugin's store (a MemoryStore is enough to tell it apart by type)."""
+
+
+class _Factory:
+    def __init__(self, *schemes: str) -> None:
+        self.scheme, self.schemes = schemes[0], schemes
+
+    def create(self, url: str, config: StreamConfig) -> ResumeStore:
+        return _Store(ttl=config.resume_ttl)
+
+
+class _StorePlugin:
+    def __init__(self, *factories: _Factory) -> None:
+        self.factories = list(factories)
+
+    @hookimpl
+    def eloquent_register_resume_stores(self) -> list[_Factory]:
+        return self.factories
+
+
+def test_the_core_manager_knows_no_transport_hooks() -> None:
+    pm = create_plugin_manager(load_entry_points=False)
+    assert not hasattr(pm.hook, "eloquent_register_transports")
+    assert getattr(pm.hook, "eloquent_register_resume_stores", None) is None, "the resume hook is the resume's own"
+    assert plugin_store_factories(pm) == []  # adds the resume hookspec
+    assert pm.hook.eloquent_register_resume_stores.has_spec()
+    add_resume_hookspecs(pm)  # a second time is harmless
+
+
+def test_a_plugin_store_replaces_the_builtin_one_for_its_scheme_only() -> None:
+    pm = create_plugin_manager(load_entry_points=False, plugins=[_StorePlugin(_Factory("redis", "rediss"))])
+    factories = plugin_store_factories(pm)
+    assert type(create_store(StreamConfig(resume_store="redis://127.0.0.1:1/0"), factories)) is _Store
+    assert type(create_store(StreamConfig(resume_store="memory://"), factories)) is MemoryStore
+    mw = EloquentMiddleware(create_engine_app(EngineConfig()), StreamConfig(resume_store="rediss://h:1/0"),
+                            plugin_manager=pm)
+    assert type(mw.store) is _Store
+
+
+def test_two_plugins_taking_one_scheme_are_refused_whatever_their_order() -> None:
+    for first, second in ((_Factory("redis"), _Factory("rediss", "redis")),
+                          (_Factory("rediss", "redis"), _Factory("redis"))):
+        pm = create_plugin_manager(load_entry_points=False, plugins=[_StorePlugin(first), _StorePlugin(second)])
+        with pytest.raises(ConfigError, match="several resume store plugins"):
+            create_store(StreamConfig(resume_store="redis://127.0.0.1:1/0"), plugin_store_factories(pm))
+        assert type(create_store(StreamConfig(resume_store="rediss://h:1/0"), plugin_store_factories(pm))) is _Store
+        assert type(create_store(StreamConfig(), plugin_store_factories(pm))) is MemoryStore

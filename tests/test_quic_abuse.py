@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 from eloquent_client import EloquentClient, H3Stream, Http3ClientConnection
 
-from eloquent_plugins.core.config import StreamConfig
-from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.core.errors import DecodeError, LimitExceeded, ProtocolViolation
-from eloquent_plugins.transports.http3 import Http3Server, start_http3_server
+from eloquent_plugins.h3glue import connection_of
+from eloquent_plugins.transports.http3 import Http3Server
 from eloquent_plugins.core.wire import AckPacket, encode_packet
 
 BODY = {"model": "eloquent-builtin", "messages": [{"role": "user", "content": "abuse"}], "stream": True,
@@ -20,11 +19,8 @@ BODY = {"model": "eloquent-builtin", "messages": [{"role": "user", "content": "a
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[Http3Server]:
-    srv = await start_http3_server(create_engine_app(EngineConfig(ttft=0.01, tpot=0.01)), host="127.0.0.1",
-                                   port=0, config=StreamConfig())
-    yield srv
-    await srv.close()
+async def server(h3_engine: Callable[..., Awaitable[Http3Server]]) -> Http3Server:
+    return await h3_engine(ttft=0.01, tpot=0.01)
 
 
 async def open_eloquent(srv: Http3Server) -> tuple[Http3ClientConnection, H3Stream]:
@@ -79,7 +75,7 @@ async def test_datagram_with_unparseable_quarter_stream_id_closes_with_h3_datagr
         server: Http3Server) -> None:
     bad = await Http3ClientConnection.connect("127.0.0.1", server.port, verify=False)
     try:
-        bad._protocol._quic.send_datagram_frame(b"\xff")
+        connection_of(bad._protocol).send_datagram_frame(b"\xff")
         bad._protocol.transmit()
         await bad.wait_closed(5)
         assert bad.close_event is not None and bad.close_event.error_code == 0x33

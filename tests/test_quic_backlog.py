@@ -9,6 +9,7 @@ from eloquent_client import EloquentClient
 
 from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
+from eloquent_plugins.h3glue import congestion_window, pending_datagram_bytes
 from eloquent_plugins.sim.netem import LossSchedule, PathConfig
 from eloquent_plugins.transports.http3 import start_http3_server
 from eloquent_plugins.sim.udp_relay import RelayConfig, start_relay
@@ -28,9 +29,8 @@ async def test_no_stale_datagram_backlog_under_loss() -> None:
     async def sample() -> None:
         while not stop.is_set():
             for conn in list(srv._state.connections):
-                quic = conn._quic
-                samples.append((sum(map(len, quic._datagrams_pending)), quic._loss.congestion_window,
-                                conn._queue.pending()))
+                samples.append((pending_datagram_bytes(conn.quic), congestion_window(conn.quic),
+                                conn.scheduler.queue.pending()))
             await asyncio.sleep(0.002)
 
     sampler = asyncio.create_task(sample())
@@ -42,7 +42,7 @@ async def test_no_stale_datagram_backlog_under_loss() -> None:
             await client.connection()
             async with client.stream("POST", "/v1/chat/completions", json=body) as s:
                 text = await s.text()
-        stats = [c._queue.stats for c in srv._state.connections]
+        stats = [c.scheduler.queue.stats for c in srv._state.connections]
     finally:
         stop.set()
         await sampler

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
 
 import pytest
 from eloquent_client import (
@@ -21,27 +21,19 @@ from eloquent_plugins.core.hooks.specs import hookimpl
 from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.hooks.manager import create_plugin_manager
 from eloquent_plugins.transports.http3 import (
-    FrontEndOptions,
     Http3Server,
     StreamDigest,
     start_http3_server,
 )
+from tests.support.streams import chat_maker
 
 MODEL = "eloquent-builtin"
-
-
-def chat(max_tokens: int = 30, *, stream: bool = True, prompt: str = "hello", **extra: object) -> dict:
-    return {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "stream": stream,
-            "max_tokens": max_tokens, **extra}
+chat = chat_maker(max_tokens=30, model=MODEL)
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[Http3Server]:
-    app = create_engine_app(EngineConfig(ttft=0.01, tpot=0.002))
-    srv = await start_http3_server(app, host="127.0.0.1", port=0, config=StreamConfig(),
-                                   options=FrontEndOptions(record_timings=True))
-    yield srv
-    await srv.close()
+async def server(h3_engine: Callable[..., Awaitable[Http3Server]]) -> Http3Server:
+    return await h3_engine(ttft=0.01, tpot=0.002, record_timings=True)
 
 
 def url(srv: Http3Server) -> str:
@@ -154,7 +146,9 @@ async def test_oversized_event_ends_the_stream_with_an_in_band_error() -> None:
     config = StreamConfig(limits=Limits(max_event_bytes=1000))
     srv = await start_http3_server(app, host="127.0.0.1", port=0, config=config)
     try:
-        async with EloquentClient(url(srv), verify=False) as client, client.stream("POST", "/", json={}) as s:
+        # An OpenAI route: the in-band error takes the route codec's shape (tests/test_quic_codec_errors.py).
+        async with EloquentClient(url(srv), verify=False) as client, \
+                client.stream("POST", "/v1/completions", json={}) as s:
             events = [e async for e in s.events()]
         assert [e.data for e in events[:1]] == ["small"]
         assert events[-1].kind == "error" and "max_event_bytes" in events[-1].error["message"]

@@ -33,13 +33,13 @@ from eloquent_plugins.transports.http3 import start_http3_server
 from eloquent_plugins.transports.sse.ids import client_key
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 from tests.support.servers import eloquent_serve
+from tests.support.streams import chat_maker
 
 ELOQUENT = str(Path(sys.executable).with_name("eloquent"))
 MODELS = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 
 
-def chat(max_tokens: int = 4, *, stream: bool = True) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens, "stream": stream}
+chat = chat_maker(max_tokens=4)
 
 
 @pytest.fixture(scope="module")

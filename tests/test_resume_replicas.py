@@ -8,9 +8,9 @@ import httpx
 import pytest
 
 from eloquent_plugins.engine import Engine
+from tests.support.chaos import CUTS, STREAMS, expected_texts, run_chaos
 from tests.support.cutproxy import CutPlan, CutProxy
 from tests.support.servers import UvicornProcess, redis_server
-from tests.test_resume_chaos import CUTS, STREAMS, expected_texts, run_chaos
 
 
 @pytest.fixture(scope="module")

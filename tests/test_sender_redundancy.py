@@ -7,13 +7,13 @@ import itertools
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_protocol_properties import payloads, run_stream
 
 from eloquent_plugins import EloquentReceiver, EloquentSender, EventKind, ReceiverConfig, SenderConfig
 from eloquent_plugins.core.keepalive import KeepAlivePolicy
 from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.rtt import LossEstimator
 from eloquent_plugins.core.wire import AckPacket, DataPacket, KeepAlivePacket, decode_packet, encode_packet
+from tests.support.lossy_network import payloads, run_stream
 
 NO_KEEPALIVE = KeepAlivePolicy(interval=0.0)
 

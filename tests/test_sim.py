@@ -158,7 +158,7 @@ def test_bench_sim_writes_json_and_plot(tmp_path, capsys) -> None:
     out_json, out_png = tmp_path / "sim.json", tmp_path / "sim.png"
     code = main(["bench", "sim", "--scenario", "loss=0.1,burst=4,rtt=100", "--scenario", "loss=0.05,rtt=20",
                  "--tokens", "80", "--streams", "1", "--seeds", "1", "--jobs", "1",
-                 "--json", str(out_json), "--plot", str(out_png)])
+                 "--json", str(out_json), "--plot", str(out_png), "--progress"])
     assert code == 0
     captured = capsys.readouterr()
     assert "retransmission" in captured.out and "sim [" in captured.err

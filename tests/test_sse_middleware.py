@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import httpx
@@ -23,6 +22,7 @@ from eloquent_plugins.core.hooks.manager import create_plugin_manager
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 from eloquent_plugins.core.sse_reader import SSEParser
 from tests.support.servers import UvicornThread
+from tests.support.streams import chat_maker, text_of, wait_until
 
 
 class Recorder:
@@ -107,23 +107,7 @@ async def client(server):
         yield c
 
 
-def chat(max_tokens: int = 20, seed: int = 1, **engine: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"messages": [{"role": "user", "content": f"tell me {seed}"}], "stream": True,
-                            "max_tokens": max_tokens, "seed": seed}
-    if engine:
-        body["eloquent_engine"] = engine
-    return body
-
-
-def text_of(datas: list[str]) -> str:
-    out = []
-    for data in datas:
-        if data == "[DONE]":
-            continue
-        obj = json.loads(data)
-        for choice in obj.get("choices", []):
-            out.append((choice.get("delta") or {}).get("content") or "")
-    return "".join(out)
+chat = chat_maker(max_tokens=20, seed=1, prompt="tell me {seed}")
 
 
 async def raw_stream(client: httpx.AsyncClient, body: Any, variant: str = "default", **headers: str):
@@ -131,14 +115,6 @@ async def raw_stream(client: httpx.AsyncClient, body: Any, variant: str = "defau
                              headers={"x-variant": variant, **headers}) as response:
         chunks = [chunk async for chunk in response.aiter_raw()]
     return response, chunks
-
-
-async def wait_until(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.02)
 
 
 async def test_non_sse_responses_pass_through_byte_for_byte(client):

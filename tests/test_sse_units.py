@@ -17,7 +17,8 @@ from eloquent_plugins.transports.resume.local import LocalSource
 from eloquent_plugins.core.keepalive import SSE_COMMENT_FRAME as KEEPALIVE_COMMENT
 from eloquent_plugins.transports.sse.connection import Connection
 from eloquent_plugins.transports.sse.headers import is_event_stream, stream_headers
-from eloquent_plugins.transports.sse.ids import BadEventId, identity_hash, new_token, parse_event_id, resume_request
+from eloquent_plugins.core.protocol import BadEventId, parse_event_id
+from eloquent_plugins.transports.sse.ids import identity_hash, new_token, resume_request
 from eloquent_plugins.transports.sse.merge import merge_openai
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 from eloquent_plugins.core.sse_reader import SSEParser
@@ -266,3 +267,45 @@ async def test_added_without_arguments_like_vllm_does(monkeypatch):
     while not isinstance(middleware, EloquentMiddleware):
         middleware = middleware.app
     assert middleware.config.keepalive == 7 and middleware.store is None
+
+
+def test_retry_with_non_ascii_digits_is_ignored():
+    """WHATWG: ``retry`` takes ASCII digits only, else the field is ignored; ``str.isdigit()`` also took "²",
+    ``int()`` then raised and the stream ended in an in-band error."""
+    parser = SSEParser()
+    messages = parser.feed("retry: ²\ndata: a\n\nretry: ٣\ndata: b\n\nretry: 7\ndata: c\n\n".encode())
+    assert [(m.data, m.retry) for m in messages] == [("a", None), ("b", None), ("c", 7)]
+    assert parser.retry == 7
+
+
+async def test_receive_relay_cancelling_one_waiter_does_not_cancel_the_other() -> None:
+    """The app's read and the pump wait on one change future; closing the pump (or a task group cancelling the
+    app's disconnect listener) must leave the other waiter running (it once ended every vLLM stream at once)."""
+    import asyncio
+
+    from eloquent_plugins.transports.sse.receive import ReceiveRelay
+
+    arrived = asyncio.Event()
+    messages: asyncio.Queue[dict] = asyncio.Queue()
+
+    async def server_receive() -> dict:
+        arrived.set()
+        return await messages.get()
+
+    relay = ReceiveRelay(server_receive)
+    app_read = asyncio.ensure_future(relay.receive())
+    await arrived.wait()
+    relay.watch()  # the pump now waits on the same change future as the app's read
+    await asyncio.sleep(0.01)
+    relay.close()  # cancels the pump (and the app's in-flight read task)
+    await asyncio.sleep(0.01)
+    assert not app_read.done() or not app_read.cancelled()
+    app_read.cancel()
+    waiter = asyncio.ensure_future(relay._wait())
+    other = asyncio.ensure_future(relay._wait())
+    await asyncio.sleep(0)
+    waiter.cancel()
+    await asyncio.sleep(0)
+    relay._notify()
+    await asyncio.wait_for(other, 1)
+    assert not other.cancelled()

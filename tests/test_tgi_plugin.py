@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import eloquent_tgi.plugin
 import httpx
 import pytest
@@ -12,18 +10,13 @@ from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.hooks.manager import create_plugin_manager, upstream_kind
 from eloquent_plugins.core.upstream import parse_upstream
+from tests.support.servers import free_port as closed_port
 
 
 def test_hook_registers_the_tgi_upstream() -> None:
     pm = create_plugin_manager(load_entry_points=False, plugins=[eloquent_tgi.plugin])
     kind = upstream_kind(pm, "tgi")
     assert kind.name == "tgi" and "/generate_stream" in kind.description
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_upstream_spec_builds_a_working_gateway() -> None:

@@ -199,7 +199,7 @@ async def test_request_errors_get_a_status_and_tritons_json(
 
 
 async def test_unreachable_upstream_is_a_502() -> None:
-    from tests.support.triton_models import free_port
+    from tests.support.triton_models import port_below_ephemeral_range as free_port
 
     for upstream in (f"http://127.0.0.1:{free_port()}", f"grpc://127.0.0.1:{free_port()}"):
         async with running_gateway(upstream) as client:

@@ -1,14 +1,41 @@
-"""eloquent-client: one async API to stream LLM responses as Eloquent HTTP/3 datagrams, as SSE on the HTTP/3
-reliable stream, or as plain SSE over HTTP/1.1 -- with render times recorded and optional reading-pace pacing.
+"""eloquent-client: stream LLM responses as Eloquent HTTP/3 datagrams, as SSE on the HTTP/3 reliable stream, or as
+plain SSE over TCP -- ``transport="auto"`` picks HTTP/3 when UDP answers and falls back to TCP -- with resume
+across cuts, render times recorded and optional reading-pace pacing.
+
+* ``EloquentClient`` (= ``AsyncEloquentClient``) and ``SyncEloquentClient``: the client API.
+* ``AsyncEloquentTransport`` / ``EloquentTransport``: httpx transports, so httpx-based code (the openai SDK,
+  httpx-sse) gets the same delivery: ``httpx.AsyncClient(transport=AsyncEloquentTransport(verify=False))``.
+
+Errors: every exception class the client defines derives from ``ClientError``: ``ConnectError`` (and
+``TLSVerificationError``), ``HTTPStatusError`` (and ``ResumeRefused``), ``StreamBroken``, ``IncompleteStream``,
+``StreamFailed``; the same on every path. Besides those: ``ConfigError`` for bad arguments and the core's
+``ProtocolError`` when a server breaks the Eloquent control records.
 """
 
-from eloquent_client.client import TRANSPORTS, EloquentClient, Response, ResponseStream, Transport
-from eloquent_client.events import ClientError, ClientEvent, IncompleteStream, StreamFailed, text_delta
-from eloquent_client.http3 import H3Stream, Http3ClientConnection
+from eloquent_client.client import TRANSPORTS, AsyncEloquentClient, EloquentClient, Transport
+from eloquent_client.errors import (
+    ClientError,
+    ConnectError,
+    HTTPStatusError,
+    IncompleteStream,
+    ResumeRefused,
+    StreamBroken,
+    StreamFailed,
+    TLSVerificationError,
+)
+from eloquent_client.events import ClientEvent, text_delta
+from eloquent_client.h3stream import BodyKind, H3Stream, Phase
+from eloquent_client.http3 import Http3ClientConnection
+from eloquent_client.httpx_transport import AsyncEloquentTransport, EloquentTransport
 from eloquent_client.pacing import Pacer, Pacing
+from eloquent_client.paths import PathMemory
+from eloquent_client.response import Response, ResponseStream
+from eloquent_client.sync import SyncEloquentClient, SyncResponseStream
 
 __all__ = [
-    "TRANSPORTS", "ClientError", "ClientEvent", "EloquentClient", "H3Stream", "Http3ClientConnection",
-    "IncompleteStream", "Pacer", "Pacing", "Response", "ResponseStream", "StreamFailed", "Transport",
+    "TRANSPORTS", "AsyncEloquentClient", "AsyncEloquentTransport", "BodyKind", "ClientError", "ClientEvent",
+    "ConnectError", "EloquentClient", "EloquentTransport", "H3Stream", "HTTPStatusError", "Http3ClientConnection",
+    "IncompleteStream", "Pacer", "Pacing", "PathMemory", "Phase", "Response", "ResponseStream", "ResumeRefused",
+    "StreamBroken", "StreamFailed", "SyncEloquentClient", "SyncResponseStream", "TLSVerificationError", "Transport",
     "text_delta",
 ]

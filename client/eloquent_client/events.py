@@ -1,4 +1,5 @@
-"""What the client yields: one ``ClientEvent`` per rendered event, whatever the transport."""
+"""What the client yields: one ``ClientEvent`` per rendered event, whatever the transport. (The error classes
+live in ``errors``; their names stay importable from here.)"""
 
 from __future__ import annotations
 
@@ -8,24 +9,8 @@ from typing import Any
 
 from eloquent_plugins.core.codecs import sniff_codec
 from eloquent_plugins.core.codecs.base import CodecError
-from eloquent_plugins.core.errors import EloquentError
-from eloquent_plugins.core.errors import IncompleteStream as CoreIncompleteStream
 
-
-class ClientError(EloquentError):
-    """The request could not be completed (connection closed, stream reset, bad response)."""
-
-
-class IncompleteStream(ClientError, CoreIncompleteStream):
-    """The response ended before the final event, or the stream digest did not match."""
-
-
-class StreamFailed(ClientError):
-    """The server reported an error inside the stream (an in-band error event)."""
-
-    def __init__(self, message: str, payload: Any = None) -> None:
-        super().__init__(message)
-        self.payload = payload
+from eloquent_client.errors import ClientError, HTTPStatusError, IncompleteStream, StreamFailed
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,3 +64,6 @@ def text_delta(data: str) -> str | None:
     except CodecError:
         return None
     return view.text or None
+
+
+__all__ = ["ClientError", "ClientEvent", "HTTPStatusError", "IncompleteStream", "StreamFailed", "text_delta"]

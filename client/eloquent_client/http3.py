@@ -1,8 +1,10 @@
-"""HTTP/3 client (aioquic) for the Eloquent front end: requests over one QUIC connection, SSE bodies parsed as
-they arrive, Eloquent datagrams decoded and acknowledged on the spot.
+"""HTTP/3 client connection (aioquic) for the Eloquent front end: requests over one QUIC connection, each
+response an ``H3Stream`` (``h3stream``) that the protocol's callbacks feed as packets are processed.
 
-All decoding happens in the protocol's callbacks, so an event's render time is when its packet was processed
-and acks never wait for the application to read.
+A connection may watch its path (``stream_idle_timeout``): while a resumable stream is open it sends a QUIC PING
+whenever the server has been quiet a while, and when nothing at all arrives for ``stream_idle_timeout`` seconds
+the path is taken for dead long before QUIC's own idle timeout: its resumable streams end with ``StreamBroken``
+(their reader resumes them elsewhere) and, once none is left, the connection is dropped.
 """
 
 from __future__ import annotations
@@ -10,227 +12,58 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import itertools
 import socket
 import ssl
-import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
-from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.h3.events import DatagramReceived, DataReceived, H3Event, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.events import ConnectionTerminated, QuicEvent, StreamReset
 
-from eloquent_plugins.core.errors import EloquentError, ProtocolError
-from eloquent_plugins.core.events import EventKind, StreamEvent
+from eloquent_plugins.core.errors import ProtocolError
 from eloquent_plugins.core.limits import Limits
-from eloquent_plugins.h3glue import (
-    ALPN,
-    DATAGRAM,
-    H3_REQUEST_CANCELLED,
-    REQUEST_ID_HEADER,
-    TRANSPORT_HEADER,
-    DatagramH3Connection,
-    close_code,
-    disable_pacing,
+from eloquent_plugins.core.protocol import H3_REQUEST_CANCELLED, QUIC_MAX_DATAGRAM_SIZE, STREAM_HEADER
+from eloquent_plugins.h3glue import ALPN, DatagramH3Connection, H3Protocol, close_code, disable_pacing
+
+from eloquent_client.errors import (
+    ConnectError,
+    IncompleteStream,
+    StreamBroken,
+    TLSVerificationError,
 )
-from eloquent_plugins.core.sse_reader import SSEParser
+from eloquent_client.h3stream import BodyKind, H3Stream, Phase, StreamStats
 
-from eloquent_plugins.core.assembler import EloquentAssembler
-from eloquent_client.events import ClientError, ClientEvent, CoreIncompleteStream, IncompleteStream
-
-QUIC_MAX_DATAGRAM_SIZE = 1350
-
-
-@dataclass(slots=True)
-class StreamStats:
-    datagrams: int = 0
-    acks_sent: int = 0
-    fallback_events: int = 0
+_CRYPTO_ERROR = range(0x100, 0x200)
+"""QUIC CRYPTO_ERROR codes (0x100 + TLS alert): a handshake that ends with one failed in TLS."""
+_PINGS = itertools.count(1)
 
 
-class H3Stream:
-    """One request's response as it arrives. Fed by the protocol; read with ``events()`` or ``read()``."""
-
-    def __init__(self, protocol: _ClientProtocol, stream_id: int, *, eloquent: bool, limits: Limits) -> None:
-        self._protocol = protocol
-        self.stream_id = stream_id
-        self.status: int | None = None
-        self.headers: dict[str, str] = {}
-        self.stats = StreamStats()
-        self._headers_ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._items: asyncio.Queue[ClientEvent | bytes | BaseException | None] = asyncio.Queue()
-        self._assembler = EloquentAssembler(stream_id, limits) if eloquent else None
-        self._mode: str | None = None  # "eloquent", "sse" or "raw" once headers are in
-        self._sse: SSEParser | None = None
-        self._early: list[tuple[bytes, float]] = []
-        self._sse_index = 0
-        self.ended = False
-        self.finished_at: float | None = None
-        self.final: StreamEvent | None = None
-
-    # ---- fed by the protocol -----------------------------------------------------------------------------
-    def on_headers(self, headers: list[tuple[bytes, bytes]], ended: bool) -> None:
-        if self.status is not None:
-            return  # trailers: unused by this protocol
-        fields: dict[str, str] = {}
-        for key, value in headers:
-            if key == b":status":
-                self.status = int(value)
-            elif not key.startswith(b":"):
-                fields[key.decode("latin-1")] = value.decode("latin-1")
-        self.headers = fields
-        content_type = fields.get("content-type", "").split(";")[0].strip().lower()
-        if fields.get(TRANSPORT_HEADER.decode()) == DATAGRAM.decode() and self._assembler is not None:
-            self._mode = "eloquent"
-        elif content_type == "text/event-stream" and self.status == 200:
-            self._mode, self._sse = "sse", SSEParser()
-        else:
-            self._mode = "raw"
-        if not self._headers_ready.done():
-            self._headers_ready.set_result(None)
-        for data, at in self._early:  # datagrams that overtook the headers
-            self.on_datagram(data, at)
-        self._early.clear()
-        if ended:
-            self.on_data(b"", True)
-
-    def on_data(self, data: bytes, ended: bool) -> None:
-        if self.ended:
-            return
-        now = time.monotonic()
-        try:
-            if self._mode == "eloquent":
-                assert self._assembler is not None
-                self._emit(self._assembler.on_control(data) if data else [], now)
-                if ended:
-                    self._assembler.on_stream_end()
-            elif self._mode == "sse":
-                assert self._sse is not None
-                for message in self._sse.feed(data):
-                    self._items.put_nowait(ClientEvent(self._sse_index, message.data, now, event=message.event,
-                                                       id=message.id))
-                    self._sse_index += 1
-            elif data:
-                self._items.put_nowait(data)
-        except EloquentError as exc:
-            self._fail(exc)
-            return
-        if ended:
-            self.ended = True
-            self.finished_at = now
-            self._items.put_nowait(None)
-
-    def on_datagram(self, data: bytes, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
-        if self._assembler is None or self.ended:
-            return
-        if self._mode is None:
-            if len(self._early) < 256:
-                self._early.append((data, now))
-            return
-        if self._mode != "eloquent":
-            return
-        self.stats.datagrams += 1
-        try:
-            events = self._assembler.on_datagram(data, now)
-        except ProtocolError as exc:
-            self._protocol.fail(exc)
-            return
-        self._emit(events, now)
-        for ack in self._assembler.acks(now):
-            self.stats.acks_sent += 1
-            self._protocol.send_datagram(self.stream_id, ack)
-
-    def _emit(self, events: list[StreamEvent], now: float) -> None:
-        assert self._assembler is not None
-        self.stats.fallback_events = self._assembler.fallback_events
-        for event in events:
-            if event.kind is EventKind.END:
-                continue
-            kind = "data" if event.kind is EventKind.DATA else "error"
-            self._items.put_nowait(ClientEvent(event.index, event.payload.decode("utf-8", errors="replace"),
-                                               now, kind=kind))
-        if self._assembler.complete and self.final is None:
-            self.final = self._assembler.final
-            self.finished_at = now
-            self._items.put_nowait(None)
-
-    def _fail(self, error: BaseException) -> None:
-        if isinstance(error, CoreIncompleteStream) and not isinstance(error, IncompleteStream):
-            error = IncompleteStream(str(error))
-        if not self._headers_ready.done():
-            self._headers_ready.set_exception(error)
-            self._headers_ready.exception()  # mark retrieved
-        if not self.ended:
-            self.ended = True
-            self._items.put_nowait(error)
-
-    def on_reset(self, code: int) -> None:
-        if self.final is None:
-            self._fail(ClientError(f"the server reset stream {self.stream_id} (code 0x{code:x})"))
-        self.ended = True
-
-    # ---- read by the application -------------------------------------------------------------------------
-    async def wait_headers(self, timeout: float | None = None) -> None:
-        try:
-            await asyncio.wait_for(asyncio.shield(self._headers_ready), timeout)
-        except TimeoutError:
-            raise ClientError(f"no response headers on stream {self.stream_id} within {timeout} s") from None
-
-    @property
-    def eloquent(self) -> bool:
-        return self._mode == "eloquent"
-
-    @property
-    def request_id(self) -> str | None:
-        return self.headers.get(REQUEST_ID_HEADER.decode())
-
-    async def events(self) -> AsyncIterator[ClientEvent]:
-        """Events as they become renderable; ends after the last one (Eloquent: the digest was verified)."""
-        while True:
-            item = await self._items.get()
-            if item is None:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            if isinstance(item, bytes):
-                continue
-            yield item
-
-    async def read(self) -> bytes:
-        """The whole body of a non-SSE response."""
-        parts: list[bytes] = []
-        while True:
-            item = await self._items.get()
-            if item is None:
-                return b"".join(parts)
-            if isinstance(item, BaseException):
-                raise item
-            if isinstance(item, bytes):
-                parts.append(item)
-
-    def cancel(self) -> None:
-        """Abandon the request (the server sees a disconnect) unless it already completed."""
-        self._protocol.forget(self.stream_id, cancel=self.final is None and not self.ended)
-
-
-class _ClientProtocol(QuicConnectionProtocol):
+class _ClientProtocol(H3Protocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.h3 = DatagramH3Connection(self._quic)
+        self.h3 = DatagramH3Connection(self.quic)
         self.streams: dict[int, H3Stream] = {}
         self.terminated: ConnectionTerminated | None = None
+        self.last_received = self.loop.time()
+        """When the last UDP datagram from the server arrived (the path watchdog's clock)."""
+
+    def datagram_received(self, data: bytes | str, addr: Any) -> None:
+        self.last_received = self.loop.time()
+        super().datagram_received(data, addr)
+
+    def close_reason(self) -> ConnectionTerminated | None:
+        """Why the connection closed or is closing (aioquic keeps a locally started close private until its
+        draining period ends, which can outlast a short connect timeout)."""
+        return self.terminated or getattr(self.quic, "_close_event", None)
 
     def quic_event_received(self, event: QuicEvent) -> None:
         if isinstance(event, ConnectionTerminated):
             self.terminated = event
-            error = ClientError(f"connection closed (code 0x{event.error_code:x}: {event.reason_phrase})")
-            for stream in list(self.streams.values()):
-                if stream.final is None:
-                    stream._fail(error)
+            error = StreamBroken(f"connection closed (code 0x{event.error_code:x}: {event.reason_phrase})")
+            for open_stream in list(self.streams.values()):
+                open_stream.on_abort(error)
             self.streams.clear()
         elif isinstance(event, StreamReset):
             stream = self.streams.pop(event.stream_id, None)
@@ -252,16 +85,16 @@ class _ClientProtocol(QuicConnectionProtocol):
             stream.on_headers(event.headers, event.stream_ended)
         elif isinstance(event, DataReceived):
             stream.on_data(event.data, event.stream_ended)
-        if stream.ended:
+        if stream.done:
             self.streams.pop(stream.stream_id, None)
 
     def send_datagram(self, stream_id: int, data: bytes) -> None:
         self.h3.send_datagram(stream_id, data)
-        self._transmit_soon()
+        self.transmit_soon()
 
     def fail(self, error: ProtocolError) -> None:
         """The server broke the protocol: close the connection with the error's code."""
-        self._quic.close(error_code=close_code(error), reason_phrase=str(error)[:200])
+        self.quic.close(error_code=close_code(error), reason_phrase=str(error)[:200])
         self.transmit()
 
     def forget(self, stream_id: int, *, cancel: bool) -> None:
@@ -270,14 +103,28 @@ class _ClientProtocol(QuicConnectionProtocol):
         stream = self.streams.get(stream_id)
         if stream is None:
             return
-        if not cancel and not stream.ended and stream.eloquent:
+        if not cancel and stream.phase is Phase.COMPLETE:
             return
         del self.streams[stream_id]
         if cancel and self.terminated is None:
             with contextlib.suppress(Exception):
-                self._quic.reset_stream(stream_id, H3_REQUEST_CANCELLED)
-                self._quic.stop_stream(stream_id, H3_REQUEST_CANCELLED)
+                self.quic.reset_stream(stream_id, H3_REQUEST_CANCELLED)
+                self.quic.stop_stream(stream_id, H3_REQUEST_CANCELLED)
             self.transmit()
+
+
+def _connect_error(host: str, port: int, verify: bool | str, close: ConnectionTerminated | None,
+                   exc: BaseException) -> ConnectError:
+    """The typed error of a failed handshake: TLS verification (with the reason and the fix) or no connection."""
+    if close is not None and close.error_code in _CRYPTO_ERROR and verify is not False:
+        return TLSVerificationError(host, port, close.reason_phrase or f"TLS alert {close.error_code - 0x100}")
+    if close is not None:
+        detail = f"closed by the handshake (code 0x{close.error_code:x}: {close.reason_phrase})"
+    elif isinstance(exc, TimeoutError):
+        detail = "no answer (UDP blocked, or nothing listens on that port)"
+    else:
+        detail = str(exc) or type(exc).__name__
+    return ConnectError(f"cannot connect over HTTP/3 to {host}:{port}: {detail}")
 
 
 def client_configuration(host: str, verify: bool | str, idle_timeout: float) -> QuicConfiguration:
@@ -300,13 +147,23 @@ class Http3ClientConnection:
         self._transport = transport
         self.authority = authority
         self.limits = limits
+        self.stream_idle_timeout: float | None = None
+        self.abort_unanswered = False
+        """The watchdog also ends requests still waiting for their head on a dead path (the caller falls back)."""
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._dropped = False
 
     @classmethod
     async def connect(cls, host: str, port: int, *, verify: bool | str = True, idle_timeout: float = 60.0,
-                      timeout: float = 10.0, limits: Limits | None = None,
-                      pacing: bool = False) -> Http3ClientConnection:
+                      timeout: float = 10.0, limits: Limits | None = None, pacing: bool = False,
+                      stream_idle_timeout: float | None = None) -> Http3ClientConnection:
+        """Raises ``TLSVerificationError`` or ``ConnectError`` (both ``ClientError``) when no connection is made;
+        ``idle_timeout`` is QUIC's, ``stream_idle_timeout`` arms the path watchdog (module docstring)."""
         loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+        try:
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+        except OSError as exc:
+            raise ConnectError(f"cannot resolve {host}: {exc}") from None
         family, _, _, _, addr = infos[0]
         try:
             local = str(ipaddress.ip_address(addr[0])) if ipaddress.ip_address(addr[0]).is_loopback else ""
@@ -322,15 +179,61 @@ class Http3ClientConnection:
         try:
             protocol.connect(addr)
             await asyncio.wait_for(protocol.wait_connected(), timeout)
-        except (ConnectionError, TimeoutError) as exc:
+        except BaseException as exc:
+            # Whatever failed (timeout, refusal, cancellation), nothing of this connection may run afterwards:
+            # aioquic's timer would fire into the closed transport ("Exception in callback ... _handle_timer").
+            close = protocol.close_reason()
+            protocol.stop_driving()
             transport.close()
-            raise ClientError(f"cannot connect over HTTP/3 to {host}:{port}: {str(exc) or type(exc).__name__}") from None
+            if isinstance(exc, ConnectionError | TimeoutError | OSError):
+                raise _connect_error(host, port, verify, close, exc) from None
+            raise
         authority = host if port == 443 else f"{host}:{port}"
-        return cls(protocol, transport, authority, limits or Limits())
+        conn = cls(protocol, transport, authority, limits or Limits())
+        if stream_idle_timeout is not None:
+            conn.stream_idle_timeout = stream_idle_timeout
+            conn._arm_watchdog()
+        return conn
+
+    # ---- the path watchdog -------------------------------------------------------------------------------
+    def _arm_watchdog(self) -> None:
+        assert self.stream_idle_timeout is not None
+        self._watchdog = self._protocol.loop.call_later(self.stream_idle_timeout / 4, self._watch)
+
+    def _watch(self) -> None:
+        self._watchdog = None
+        protocol = self._protocol
+        if protocol.terminated is not None or self._dropped:
+            return
+        assert self.stream_idle_timeout is not None
+        # Streams still waiting for their head lose nothing either when the caller has another path (``auto``).
+        resumable = [s for s in protocol.streams.values()
+                     if (s.phase is Phase.AWAITING_HEADERS and self.abort_unanswered)
+                     or (s.phase is Phase.RECEIVING and STREAM_HEADER in s.headers)]
+        quiet = protocol.loop.time() - protocol.last_received
+        if resumable and quiet >= self.stream_idle_timeout:
+            error = StreamBroken(f"nothing from the server for {quiet:.1f} s (stream_idle_timeout "
+                                 f"{self.stream_idle_timeout:g} s): the path is gone")
+            for stream in resumable:
+                protocol.streams.pop(stream.stream_id, None)
+                stream.on_abort(error)
+            if not protocol.streams:
+                self._drop()
+                return
+        elif protocol.streams and quiet >= self.stream_idle_timeout / 4:
+            protocol.quic.send_ping(next(_PINGS))  # an ack comes back while the path lives, even if the app is idle
+            protocol.transmit()
+        self._arm_watchdog()
+
+    def _drop(self) -> None:
+        """Give the connection up without a handshake (the path is dead): nothing of it runs afterwards."""
+        self._dropped = True
+        self._protocol.stop_driving()
+        self._transport.close()
 
     @property
     def closed(self) -> bool:
-        return self._protocol.terminated is not None
+        return self._protocol.terminated is not None or self._dropped
 
     @property
     def close_event(self) -> ConnectionTerminated | None:
@@ -340,9 +243,9 @@ class Http3ClientConnection:
                       body: bytes = b"", eloquent: bool = False, content_length: bool = True) -> H3Stream:
         """Send the request; returns the stream at once (await ``wait_headers`` for the status)."""
         protocol = self._protocol
-        if protocol.terminated is not None:
-            raise ClientError("the HTTP/3 connection is closed")
-        stream_id = protocol._quic.get_next_available_stream_id()
+        if protocol.terminated is not None or self._dropped:
+            raise StreamBroken("the HTTP/3 connection is closed")
+        stream_id = protocol.quic.get_next_available_stream_id()
         stream = H3Stream(protocol, stream_id, eloquent=eloquent, limits=self.limits)
         protocol.streams[stream_id] = stream
         fields = [(b":method", method.encode()), (b":scheme", b"https"), (b":authority", self.authority.encode()),
@@ -363,15 +266,22 @@ class Http3ClientConnection:
         self._protocol.transmit()
 
     async def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         protocol = self._protocol
+        if self._dropped:
+            return
         if protocol.terminated is None:
             protocol.close()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(protocol.wait_closed(), 1.0)
+        protocol.stop_driving()  # a close the server never answered leaves aioquic's timer armed
         self._transport.close()
 
     async def wait_closed(self, timeout: float | None = None) -> None:
         await asyncio.wait_for(self._protocol.wait_closed(), timeout)
 
 
-__all__ = ["H3Stream", "Http3ClientConnection", "IncompleteStream", "client_configuration"]
+__all__ = ["BodyKind", "H3Stream", "Http3ClientConnection", "IncompleteStream", "Phase", "StreamStats",
+           "client_configuration"]

@@ -13,27 +13,25 @@ from typing import Any
 
 import httpx
 
+from eloquent_plugins.core.protocol import STREAM_HEADER, BadEventId, ResumePoint, parse_event_id
 from eloquent_plugins.core.sse_reader import SSEMessage, SSEParser
 
-STREAM_HEADER = "x-eloquent-stream"
+from eloquent_client.events import HTTPStatusError
+
+SSEStreamError = HTTPStatusError
+"""The name this error had before it joined the ``ClientError`` family (kept for callers that import it)."""
 
 
-class SSEStreamError(Exception):
-    """The server refused the stream or a resume (``status`` and the decoded JSON ``body``, if any)."""
-
-    def __init__(self, status: int, body: Any, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = body
-
-
-def _event_index(event_id: str | None) -> tuple[str, int] | None:
+def _resume_point(event_id: str | None) -> ResumePoint | None:
+    """Where an event id says the stream is, if it is an Eloquent id (``<token>:<index>``); None for any other
+    id, which is then passed on but not used to skip repeats."""
     if not event_id:
         return None
-    token, sep, index = event_id.rpartition(":")
-    if not sep or not index.isdigit():
+    try:
+        point = parse_event_id(event_id)
+    except BadEventId:
         return None
-    return token, int(index)
+    return point if point.after >= 0 else None
 
 
 async def stream_sse(client: httpx.AsyncClient, method: str, url: str, *, json: Any = None,
@@ -46,7 +44,7 @@ async def stream_sse(client: httpx.AsyncClient, method: str, url: str, *, json: 
     attempts in a row, the error propagates. A message repeated by the server (same id index) is skipped.
     """
     last_id: str | None = None
-    last_index: tuple[str, int] | None = None
+    last_point: ResumePoint | None = None
     token: str | None = None
     failures = 0
     while True:
@@ -67,19 +65,19 @@ async def stream_sse(client: httpx.AsyncClient, method: str, url: str, *, json: 
                     except ValueError:
                         body = raw.decode("utf-8", "replace")
                     what = "resume" if resuming else "stream"
-                    raise SSEStreamError(response.status_code, body,
+                    raise HTTPStatusError(response.status_code, body,
                                          f"{what} failed with HTTP {response.status_code}: {body}")
                 token = response.headers.get(STREAM_HEADER, token)
                 parser = SSEParser()
                 async for chunk in response.aiter_bytes():
                     for message in parser.feed(chunk):
-                        index = _event_index(message.id)
-                        if index is not None and last_index is not None and index[0] == last_index[0] \
-                                and index[1] <= last_index[1]:
+                        point = _resume_point(message.id)
+                        if point is not None and last_point is not None and point.token == last_point.token \
+                                and point.after <= last_point.after:
                             continue  # already delivered
                         if message.id is not None:
                             last_id = message.id
-                            last_index = index
+                            last_point = point
                         failures = 0
                         yield message
                         if message.data == "[DONE]":

@@ -17,6 +17,7 @@ def build_app(config: StreamConfig, pm: pluggy.PluginManager, *, upstream: str |
 
     Outermost is the request-body deadline (``config.body_timeout``): a body that stalls gets a 408 and the app
     is told the client left, so the engine never starts a request it has no complete body for."""
+    from eloquent_plugins.transports.browser import BrowserRoutes
     from eloquent_plugins.transports.request_timeouts import BodyTimeoutMiddleware
     from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 
@@ -27,4 +28,5 @@ def build_app(config: StreamConfig, pm: pluggy.PluginManager, *, upstream: str |
         from eloquent_plugins.engine import EngineConfig, create_engine_app
 
         inner = create_engine_app(EngineConfig(**(engine_options or {})))
-    return BodyTimeoutMiddleware(EloquentMiddleware(inner, config, plugin_manager=pm), config.body_timeout)
+    app = BodyTimeoutMiddleware(EloquentMiddleware(inner, config, plugin_manager=pm), config.body_timeout)
+    return BrowserRoutes(app, certfile=config.certfile)  # /chat, /eloquent/client.js, /eloquent/cert-hash

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from eloquent_plugins import __version__
+from eloquent_plugins.cli.optional import missing_extra
 from eloquent_plugins.core.errors import EloquentError
 
 COMMANDS = ("serve", "demo", "bench", "relay", "chat")
@@ -38,6 +39,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as exc:  # an optional dependency no call site named: still one line
+        error = missing_extra(exc, f"eloquent {args.command}")
+        if error is None:
+            raise
+        print(f"eloquent {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a file or socket the operator named (call sites add context where they can)
+        print(f"eloquent {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

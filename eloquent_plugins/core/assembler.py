@@ -4,16 +4,18 @@ renderable events out, in order, each once, with the stream digest checked at th
 Two sources feed one in-order log: the core receiver (datagrams) and the control records (the trailer's final
 event, a fallback run). Whichever delivers an index first renders it. Acks only ever reflect what datagrams
 delivered, so the server's sender never sees an ack for an event it has not sent as a datagram.
+
+A stream that ends short, or whose digest does not match, raises ``core.errors.IncompleteStream``; the client
+(``eloquent_client``) re-raises it as its own ``IncompleteStream``, which is also a ``ClientError``.
 """
 
 from __future__ import annotations
 
+from eloquent_plugins.core.control import ControlParser, Fallback, StreamDigest, Trailer
+from eloquent_plugins.core.errors import IncompleteStream
 from eloquent_plugins.core.events import EventKind, StreamEvent
 from eloquent_plugins.core.limits import Limits
-from eloquent_plugins.core.control import ControlParser, Fallback, StreamDigest, Trailer
 from eloquent_plugins.core.receiver import EloquentReceiver, ReceiverConfig
-
-from eloquent_plugins.core.errors import IncompleteStream
 
 
 class EloquentAssembler:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
+from eloquent_plugins.core.checks import require_finite
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.keepalive import KeepAlivePolicy
 from eloquent_plugins.core.limits import Limits
@@ -46,6 +46,18 @@ class StreamConfig:
     max_streams_per_client: int = 0
     """Live SSE streams one caller (credentials, else client IP) may hold at once; above it a ``429``
     (0: unlimited)."""
+    max_queued_bytes: int = 1 << 20
+    """Bytes an SSE stream may hold for one connected client beyond what has been written to it (a client that
+    does not read); above it the client is cut, and it can resume (0: off)."""
+    max_held_bytes: int = 512 << 20
+    """Bytes all SSE stream logs of one middleware may hold (replay history, events queued for clients, finished
+    streams kept for resume). At it: finished streams are evicted oldest first, then history every reader has
+    been written, then the clients with the most queued are cut; new streams get ``503`` with ``Retry-After``
+    while it stays reached (0: off)."""
+    socket_send_buffer: int = 128 << 10
+    """``eloquent serve`` (uvicorn/h11): the kernel send buffer (``SO_SNDBUF``) of each HTTP/1.1 connection. Left
+    to autotuning, the kernel takes megabytes for a client that does not read, so no send ever stalls and neither
+    ``send_timeout`` nor ``max_queued_bytes`` sees it (0: the kernel's default)."""
     max_request_bytes: int = 1 << 20
     limits: Limits = field(default_factory=Limits)
 
@@ -53,10 +65,8 @@ class StreamConfig:
         if self.stream_transport not in ("sse", "eloquent"):
             raise ConfigError(f"stream transport must be 'sse' or 'eloquent', got {self.stream_transport!r}")
         for name in ("resume_ttl", "resume_grace", "send_timeout", "header_timeout", "body_timeout",
-                     "max_streams_per_client"):
-            value = getattr(self, name)
-            if not 0 <= value < math.inf:  # refuses NaN too; "off" is spelled 0, never infinity
-                raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
+                     "max_streams_per_client", "max_queued_bytes", "max_held_bytes", "socket_send_buffer"):
+            require_finite(name, getattr(self, name))
         if self.eloquent_port is not None and not 0 <= self.eloquent_port <= 65535:
             raise ConfigError(f"eloquent_port must be a port number, got {self.eloquent_port}")
         if not self.resume_store.startswith(("memory://", "redis://", "rediss://", "unix://")):
@@ -102,3 +112,33 @@ def _parse(name: str, annotation: object, raw: str) -> object:
     except ValueError:
         raise ConfigError(f"ELOQUENT_{name.upper()}={raw!r} is not a valid {text}") from None
     return raw
+
+
+ENV_PREFIX = "ELOQUENT_"
+PLUGIN_PREFIX = "eloquent-"
+"""What an adapter puts in front of a shared flag name inside a host's own CLI (``vllm serve``)."""
+UNPREFIXED = ("stream-transport",)
+"""Shared names an adapter keeps as they are: the switch that turns the layer on, which no host flag clashes with."""
+
+
+def env_name(flag: str) -> str:
+    """The variable a setting reads: ``--keepalive`` -> ``ELOQUENT_KEEPALIVE`` (an adapter's prefixed spelling,
+    ``--eloquent-keepalive``, reads the same one)."""
+    name = flag.lstrip("-")
+    if name.startswith(PLUGIN_PREFIX) and name != "eloquent-port":
+        name = name[len(PLUGIN_PREFIX):]
+    return ENV_PREFIX + name.replace("-", "_").upper()
+
+
+def plugin_flag(flag: str) -> str:
+    """A shared flag's spelling inside a host CLI: ``--keepalive`` -> ``--eloquent-keepalive``; names that already
+    start with ``eloquent-`` (``--eloquent-port``) and the ``--stream-transport`` switch stay as they are."""
+    name = flag.lstrip("-")
+    if name.startswith(PLUGIN_PREFIX) or name in UNPREFIXED:
+        return f"--{name}"
+    return f"--{PLUGIN_PREFIX}{name}"
+
+
+def first_set(*values: object, default: object = None) -> object:
+    """CLI beats environment beats default: the first value that is not None."""
+    return next((v for v in values if v is not None), default)

@@ -46,3 +46,8 @@ class ConfigError(EloquentError, ValueError):
 
 class IncompleteStream(EloquentError):
     """A datagram delivery ended before its final event, or its digest did not match the trailer."""
+
+
+class InvalidArgument(EloquentError, ValueError):
+    """A caller passed a value a function cannot take (a negative count, mismatched sequences): neither a peer's
+    mistake nor a setting's. A ``ValueError`` too, as it was before it joined the family."""

@@ -7,10 +7,10 @@ long queues and prefills, including the wait before the first token.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
+from eloquent_plugins.core.checks import require_finite
 from eloquent_plugins.core.errors import ConfigError
 
 KeepAliveFrame = Literal["comment", "newline"]
@@ -34,9 +34,7 @@ class KeepAlivePolicy:
     choke on comments."""
 
     def __post_init__(self) -> None:
-        if not 0 <= self.interval < math.inf:  # NaN would pass `< 0` and silently disable keep-alive
-            raise ConfigError(f"keep-alive interval must be a finite number of seconds >= 0 (0: off), "
-                              f"got {self.interval}")
+        require_finite("keep-alive interval (seconds, 0: off)", self.interval)
         if self.frame not in ("comment", "newline"):
             raise ConfigError(f"keep-alive frame must be 'comment' or 'newline', got {self.frame!r}")
 

@@ -9,10 +9,13 @@ on the reliable stream too and the stream ends there.
 
 from __future__ import annotations
 
-import json
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 
+from eloquent_plugins.core.codecs.base import Codec
+from eloquent_plugins.core.codecs.openai import OpenAICodec
 from eloquent_plugins.core.errors import LimitExceeded
 from eloquent_plugins.core.events import EventKind, StreamEvent
 from eloquent_plugins.core.sender import EloquentSender, SenderConfig
@@ -22,6 +25,21 @@ from eloquent_plugins.core.control import StreamDigest, Trailer, encode_fallback
 
 ACK_SLACK = 16
 """Acks a client may send beyond one per datagram it was sent (flood guard)."""
+_OPENAI = OpenAICodec()
+
+
+class ResponseState(Enum):
+    """One response's delivery lifecycle (docs/PROTOCOL.md, section 8)."""
+
+    STREAMING = "streaming"
+    """The app's body is still coming: events are pushed and sent as datagrams."""
+    TRAILED = "trailed"
+    """The body ended and the trailer went on the reliable stream; datagrams (tail probes) go on until every
+    event is acked, or ``fallback_after`` seconds pass."""
+    ACKED = "acked"
+    """Every event, the final one included, was acked after the trailer: nothing more goes out."""
+    FALLEN_BACK = "fallen_back"
+    """The unacked events were written on the reliable stream: no more datagrams."""
 
 
 @dataclass(slots=True)
@@ -34,8 +52,10 @@ class StreamTimings:
 class EloquentResponseStream:
     def __init__(self, stream_id: int, config: SenderConfig, *, now: float, fallback_after: float = 1.0,
                  ack_timeout: float = 30.0, supersede: bool = True, tail_repeats: int = 1,
-                 tail_gap: float = 0.01) -> None:
+                 tail_gap: float = 0.01, codec: Codec | None = None) -> None:
+        """``codec`` shapes the in-band error of ``fail`` (the route's codec; OpenAI's when None)."""
         self.stream_id = stream_id
+        self.codec: Codec = codec if codec is not None else _OPENAI
         self.sender = EloquentSender(stream_id, config, now=now)
         self.supersede = supersede
         self.fallback_after = fallback_after
@@ -44,23 +64,29 @@ class EloquentResponseStream:
         self._parser = SSEParser(max_message_bytes=limits.max_event_bytes + 4096)
         self._digest = StreamDigest()
         self._log: deque[StreamEvent] = deque()
-        self._trailer_at: float | None = None
+        self.state = ResponseState.STREAMING
+        self._trailer_at = 0.0
+        """When the trailer was written (meaningful from TRAILED on): the fallback clock starts there."""
         self._tail_gap = tail_gap
         self._tail_repeats = tail_repeats
         self._tail_due: list[float] = []
         self._last_progress = now
         self._acked = 0
-        self.fallback_sent = False
         self.datagrams_sent = 0
         self.acks = 0
         self.generated: list[float] = []
 
     # ---- app side ----------------------------------------------------------------------------------------
-    def feed_body(self, chunk: bytes, now: float) -> int:
-        """Cut the body into SSE messages and push each data field as an event; returns how many."""
+    def feed_body(self, chunk: bytes, now: float,
+                  transform: Callable[[int, bytes], bytes] | None = None) -> int:
+        """Cut the body into SSE messages and push each data field as an event; returns how many.
+        ``transform(index, payload)`` may replace each payload first (the per-event plugin hooks)."""
         messages = self._parser.feed(chunk)
         for message in messages:
-            self._push(message.data.encode("utf-8"), now, EventKind.DATA)
+            payload = message.data.encode("utf-8")
+            if transform is not None:
+                payload = transform(self.sender.next_index, payload)
+            self._push(payload, now, EventKind.DATA)
         return len(messages)
 
     def _push(self, payload: bytes, now: float, kind: EventKind) -> StreamEvent:
@@ -80,12 +106,12 @@ class EloquentResponseStream:
         return self._close(self._push(b"", now, EventKind.END), now)
 
     def fail(self, message: str, now: float) -> bytes:
-        """The app failed after the response started: an in-band ERROR event (OpenAI error shape)."""
-        payload = json.dumps({"error": {"message": message, "type": "InternalServerError", "param": None,
-                                        "code": 500}}).encode()
+        """The app failed after the response started: an in-band ERROR event in the route codec's shape."""
+        payload = self.codec.error_payload(message, error_type="InternalServerError", status=500)
         return self._close(self._push(payload, now, EventKind.ERROR), now)
 
     def _close(self, final: StreamEvent, now: float) -> bytes:
+        self.state = ResponseState.TRAILED
         self._trailer_at = now
         # Tail protection: the last packet has no successor to carry its events, so the final run goes out
         # again ``tail_gap`` apart (a few ms decorrelates it from a loss burst) unless acked by then.
@@ -94,7 +120,11 @@ class EloquentResponseStream:
 
     @property
     def ended(self) -> bool:
-        return self._trailer_at is not None
+        return self.state is not ResponseState.STREAMING
+
+    @property
+    def fallback_sent(self) -> bool:
+        return self.state is ResponseState.FALLEN_BACK
 
     # ---- client side -------------------------------------------------------------------------------------
     def receive_datagram(self, data: bytes, now: float) -> None:
@@ -112,10 +142,12 @@ class EloquentResponseStream:
             self._last_progress = now
             while self._log and self._log[0].index < self._acked:
                 self._log.popleft()
+        if self.state is ResponseState.TRAILED and self.sender.done:
+            self.state = ResponseState.ACKED
 
     # ---- output ------------------------------------------------------------------------------------------
     def datagrams_to_send(self, now: float) -> list[bytes]:
-        if self.fallback_sent:
+        if self.state is ResponseState.FALLEN_BACK:
             return []
         if self._tail_due and now >= self._tail_due[0]:
             while self._tail_due and now >= self._tail_due[0]:
@@ -126,25 +158,25 @@ class EloquentResponseStream:
         return datagrams
 
     def fallback_due(self, now: float) -> bool:
-        return (self._trailer_at is not None and not self.fallback_sent and not self.sender.done
-                and now >= self._trailer_at + self.fallback_after)
+        return self.state is ResponseState.TRAILED and now >= self._trailer_at + self.fallback_after
 
     def fallback_record(self) -> bytes:
         """The unacked events for the reliable stream; after this the stream needs no more datagrams."""
-        self.fallback_sent = True
+        self.state = ResponseState.FALLEN_BACK
         return encode_fallback(list(self._log))
 
     def stalled(self, now: float) -> bool:
         """Events have waited ``ack_timeout`` without any ack progress: the client is gone."""
-        return bool(self._log) and not self.fallback_sent and now - self._last_progress > self.ack_timeout
+        return (bool(self._log) and self.state is not ResponseState.FALLEN_BACK
+                and now - self._last_progress > self.ack_timeout)
 
     def next_deadline(self) -> float | None:
-        if self.fallback_sent:
+        if self.state is ResponseState.FALLEN_BACK:
             return None
         candidates = [self.sender.next_deadline()]
         if self._tail_due and not self.sender.done:
             candidates.append(self._tail_due[0])
-        if self._trailer_at is not None and not self.sender.done:
+        if self.state is ResponseState.TRAILED:
             candidates.append(self._trailer_at + self.fallback_after)
         if self._log:
             candidates.append(self._last_progress + self.ack_timeout)
@@ -154,4 +186,4 @@ class EloquentResponseStream:
     @property
     def finished(self) -> bool:
         """Nothing more will go out: everything acked after the trailer, or the fallback was written."""
-        return self._trailer_at is not None and (self.sender.done or self.fallback_sent)
+        return self.state in (ResponseState.ACKED, ResponseState.FALLEN_BACK)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from eloquent_plugins.core.errors import ConfigError, InvalidArgument
+
 GRANULARITY = 0.001
 
 
@@ -59,12 +61,12 @@ class LossEstimator:
 
     def __post_init__(self) -> None:
         if not 0 < self.gain <= 1:
-            raise ValueError(f"gain must be in (0, 1], got {self.gain}")
+            raise ConfigError(f"gain must be in (0, 1], got {self.gain}")
 
     def on_ack(self, lost: int) -> None:
         """One newly reported packet, after ``lost`` data packets that no ack reported."""
         if lost < 0:
-            raise ValueError(f"lost must be >= 0, got {lost}")
+            raise InvalidArgument(f"lost must be >= 0, got {lost}")
         keep = 1 - self.gain
         # ``lost`` samples of 1 then one of 0, in closed form: rate' = keep^(n+1) rate + keep (1 - keep^n).
         self.rate = keep ** (lost + 1) * self.rate + keep * (1 - keep ** lost)

@@ -12,8 +12,14 @@ from dataclasses import replace
 from enum import Enum
 
 from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.core.errors import EloquentError
+from eloquent_plugins.core.protocol import DATAGRAM, SCHEME_HEADER, TRANSPORT_HEADER
 from eloquent_plugins.core.sender import SenderConfig
-from eloquent_plugins.h3glue import DATAGRAM, SCHEME_HEADER, TRANSPORT_HEADER
+
+
+class UnknownScheme(EloquentError, ValueError):
+    """A request's ``eloquent-scheme`` names no scheme (the front end answers 400 ``invalid_eloquent_scheme``).
+    Still a ValueError for callers written before the typed errors."""
 
 
 class Scheme(str, Enum):
@@ -24,7 +30,7 @@ class Scheme(str, Enum):
 
 def scheme_for(headers: Iterable[tuple[bytes, bytes]]) -> Scheme:
     """The scheme a request asks for: ``stream`` unless ``eloquent-transport: datagram`` is present, then the
-    ``eloquent-scheme`` header (default ``eloquent``). An unknown scheme name raises ValueError."""
+    ``eloquent-scheme`` header (default ``eloquent``). An unknown scheme name raises ``UnknownScheme``."""
     transport = None
     name = None
     for key, value in headers:
@@ -36,7 +42,7 @@ def scheme_for(headers: Iterable[tuple[bytes, bytes]]) -> Scheme:
         try:
             scheme = Scheme(name)
         except ValueError:
-            raise ValueError(f"unknown eloquent-scheme {name!r} (eloquent, duplicate or stream)") from None
+            raise UnknownScheme(f"unknown eloquent-scheme {name!r} (eloquent, duplicate or stream)") from None
         if transport != DATAGRAM and scheme is not Scheme.STREAM:
             return Scheme.STREAM
         return scheme

@@ -117,7 +117,7 @@ class SSEParser:
         elif name == "id":
             if "\x00" not in value:
                 self.last_event_id = value
-        elif name == "retry" and value.isdigit():
+        elif name == "retry" and value.isascii() and value.isdigit():  # WHATWG: ASCII digits only
             self.retry = self._retry_this = int(value)
         return None
 

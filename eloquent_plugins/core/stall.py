@@ -11,6 +11,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from eloquent_plugins.core.errors import InvalidArgument
+
 DEFAULT_READING_PACE = 0.31
 """Seconds per token a typical reader digests (Andes' text trace: about 79% of users)."""
 DEFAULT_EXPECTED_TTFT = 1.0
@@ -85,14 +87,14 @@ def stall_metrics(generated: Sequence[float], rendered: Sequence[float], min_del
                   start: float | None = None) -> StallReport:
     """All stall figures for one stream. ``generated``/``rendered`` are per token, same clock, same order."""
     if len(generated) != len(rendered):
-        raise ValueError(f"{len(generated)} generation times but {len(rendered)} render times: "
+        raise InvalidArgument(f"{len(generated)} generation times but {len(rendered)} render times: "
                          "every generated token must be rendered")
     if min_delay < 0:
-        raise ValueError("min_delay must be >= 0")
+        raise InvalidArgument("min_delay must be >= 0")
     if not generated:
         return StallReport(0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0)
     if any(math.isnan(x) or math.isinf(x) for x in (*generated, *rendered)):
-        raise ValueError("generation and render times must be finite")
+        raise InvalidArgument("generation and render times must be finite")
     lateness = [max(0.0, r - (g + min_delay)) for g, r in zip(generated, rendered)]
     duration = max(rendered) - min(generated)
     stalled = stall_time(generated, rendered, min_delay)

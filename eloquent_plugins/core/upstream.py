@@ -9,15 +9,13 @@ from typing import Any
 from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
 
-ASGIApp = Callable[..., Any]
-
-
 @dataclass(frozen=True, slots=True)
 class UpstreamKind:
     name: str
     """The KIND in ``--upstream KIND=URL``, e.g. ``tgi`` or ``triton``."""
-    create_app: Callable[[str, StreamConfig], ASGIApp]
-    """Build the gateway app for an upstream URL."""
+    create_app: Callable[[str, StreamConfig], Callable[..., Any]]
+    """Build the gateway app for an upstream URL: an ASGI app (``transports.asgi.ASGIApp``, which the core may
+    not import)."""
     description: str = ""
 
 

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from eloquent_plugins.core.errors import DecodeError
+from eloquent_plugins.core.errors import DecodeError, InvalidArgument
 
 MAX_VARINT = (1 << 62) - 1
 
 
 def encode_varint(value: int) -> bytes:
-    """Encode ``value``; raise ValueError for values a varint cannot hold."""
+    """Encode ``value``; raise ``InvalidArgument`` (a ``ValueError``) for values a varint cannot hold."""
     if value < 0x40:
         if value < 0:
-            raise ValueError(f"varint must be non-negative, got {value}")
+            raise InvalidArgument(f"varint must be non-negative, got {value}")
         return bytes((value,))
     if value < 0x4000:
         return (value | 0x4000).to_bytes(2, "big")
@@ -19,7 +19,7 @@ def encode_varint(value: int) -> bytes:
         return (value | 0x80000000).to_bytes(4, "big")
     if value <= MAX_VARINT:
         return (value | 0xC000000000000000).to_bytes(8, "big")
-    raise ValueError(f"varint too large: {value}")
+    raise InvalidArgument(f"varint too large: {value}")
 
 
 def varint_size(value: int) -> int:

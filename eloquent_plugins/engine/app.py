@@ -21,10 +21,11 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.engine.config import EngineConfig
 from eloquent_plugins.engine.core import Engine
 from eloquent_plugins.engine.errors import APIError, EngineError
-from eloquent_plugins.engine.render import DONE, ChunkWriter, dumps, full_response
+from eloquent_plugins.engine.render import DONE, ChunkWriter, dumps, full_response, utf8
 from eloquent_plugins.engine.requests import GenerationRequest, parse_request
 
 
@@ -72,7 +73,7 @@ class _EngineStream(StreamingResponse):
 
 
 def _json(obj: Any, status: int = 200) -> Response:
-    return Response(dumps(obj), status_code=status, media_type="application/json")
+    return Response(utf8(dumps(obj)), status_code=status, media_type="application/json")
 
 
 def _error(exc: APIError) -> Response:
@@ -113,7 +114,7 @@ def create_engine_app(config: EngineConfig | None = None, engine: Engine | None 
     if engine is None:
         engine = Engine(config)
     elif config is not None and config != engine.config:
-        raise ValueError("pass either a config or an engine built with it, not two different configs")
+        raise ConfigError("pass either a config or an engine built with it, not two different configs")
     cfg = engine.config
     admission = _Admission(cfg.max_concurrency)
 

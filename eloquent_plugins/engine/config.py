@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eloquent_plugins.core.checks import require_finite
+from eloquent_plugins.core.errors import ConfigError
+
 
 @dataclass
 class EngineConfig:
@@ -26,16 +29,14 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         for name in ("ttft", "tpot", "tpot_jitter"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
-                raise ValueError(f"EngineConfig.{name} must be a finite number >= 0, got {value!r}")
+            require_finite(f"EngineConfig.{name}", getattr(self, name))
         if self.tpot_jitter > 1:
-            raise ValueError("EngineConfig.tpot_jitter is relative and must be <= 1")
+            raise ConfigError("EngineConfig.tpot_jitter is relative and must be <= 1")
         for name in ("max_tokens_default", "max_tokens_limit", "max_body_bytes", "max_concurrency"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"EngineConfig.{name} must be an int >= 1, got {value!r}")
+                raise ConfigError(f"EngineConfig.{name} must be an int >= 1, got {value!r}")
         if self.max_tokens_default > self.max_tokens_limit:
-            raise ValueError("EngineConfig.max_tokens_default must not exceed max_tokens_limit")
+            raise ConfigError("EngineConfig.max_tokens_default must not exceed max_tokens_limit")
         if not isinstance(self.model, str) or not self.model:
-            raise ValueError("EngineConfig.model must be a non-empty string")
+            raise ConfigError("EngineConfig.model must be a non-empty string")

@@ -7,6 +7,7 @@ import hashlib
 import random
 from collections.abc import AsyncGenerator, Iterator, Sequence
 
+from eloquent_plugins.core.errors import InvalidArgument
 from eloquent_plugins.engine.config import EngineConfig
 from eloquent_plugins.engine.controls import EngineControls
 from eloquent_plugins.engine.errors import EngineError
@@ -90,7 +91,7 @@ class Engine:
         Raises ``EngineError`` when ``controls.fail_after`` tokens have been produced.
         """
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+            raise InvalidArgument(f"max_tokens must be an int >= 1, got {max_tokens!r}")
         ctl = controls if controls is not None else EngineControls()
         cfg = self.config
         ttft = cfg.ttft if ctl.ttft is None else ctl.ttft

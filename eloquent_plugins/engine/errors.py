@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from eloquent_plugins.core.errors import EloquentError
 
-class EngineError(RuntimeError):
+
+class EngineError(EloquentError, RuntimeError):
     """The engine failed while generating (e.g. the ``fail_after`` control): the stream cannot continue."""
 
 
-class APIError(Exception):
+class APIError(EloquentError):
     """A request the server refuses, rendered as ``{"error": {message, type, param, code}}`` with ``status``.
 
     ``type`` and ``code`` follow OpenAI's conventions (``invalid_request_error``, ``model_not_found``, ...), so

@@ -19,6 +19,15 @@ def dumps(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
+def utf8(text: str) -> bytes:
+    """``text`` as UTF-8, a lone surrogate (JSON allows ``"\\ud800"`` in a request) replaced by U+FFFD: an error
+    that echoes a client's string must not fail to encode it."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode()
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {
         "prompt_tokens": prompt_tokens,
@@ -66,7 +75,7 @@ class ChunkWriter:
     def error(message: str, type_: str, code: int) -> bytes:
         """An in-band error event, as vLLM sends once the 200 is out."""
         body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
-        return f"data: {dumps(body)}\n\n".encode()
+        return utf8(f"data: {dumps(body)}\n\n")
 
 
 def full_response(

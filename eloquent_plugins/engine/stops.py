@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from eloquent_plugins.core.errors import InvalidArgument
 from eloquent_plugins.engine.tokens import Token
 
 
@@ -16,7 +17,7 @@ class StopMatcher:
 
     def __init__(self, stops: Sequence[str]) -> None:
         if not stops or any(not s for s in stops):
-            raise ValueError("stop strings must be non-empty")
+            raise InvalidArgument("stop strings must be non-empty")
         self._stops = tuple(stops)
         self._max_hold = max(len(s) for s in stops) - 1
         self._pending: list[Token] = []

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 
+from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.engine.corpus_text import CORPUS_TEXT
 
 #: A word (letters/digits with inner apostrophes or hyphens) or a single other non-space character, each with
@@ -18,11 +19,6 @@ from eloquent_plugins.engine.corpus_text import CORPUS_TEXT
 _PIECE_RE = re.compile(r" ?[A-Za-z0-9]+(?:['-][A-Za-z0-9]+)*| ?[^A-Za-z0-9 ]")
 _SPACE_RE = re.compile(r"\s+")
 _SENTENCE_END = frozenset({".", "!", "?"})
-
-
-def split_pieces(text: str) -> list[str]:
-    """Split ``text`` into word pieces after collapsing whitespace runs to one space."""
-    return _PIECE_RE.findall(_SPACE_RE.sub(" ", text).strip())
 
 
 def count_pieces(text: str) -> int:
@@ -53,7 +49,7 @@ def build_corpus(text: str) -> Corpus:
     # "... news. Alice" rather than "... news.Alice".
     pieces = _PIECE_RE.findall(" " + _SPACE_RE.sub(" ", text).strip())
     if not pieces:
-        raise ValueError("corpus text has no tokens")
+        raise ConfigError("corpus text has no tokens")
     bare = [p.lstrip(" ") for p in pieces]
     vocab = {p: i for i, p in enumerate(sorted(set(pieces) | set(bare)))}
     starts = [0] + [i + 1 for i, p in enumerate(pieces[:-1]) if p.strip() in _SENTENCE_END and pieces[i + 1][0] == " "]

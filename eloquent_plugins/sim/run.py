@@ -11,13 +11,15 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
+from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.keepalive import KeepAlivePolicy
 from eloquent_plugins.sim.netem import PathConfig, SlottedPath, Trace
 from eloquent_plugins.core.sender import SenderConfig
 from eloquent_plugins.sim.clock import EventLoop, SimulationError
 from eloquent_plugins.sim.eloquent import EloquentEndpoints
 from eloquent_plugins.sim.scenario import Scenario
-from eloquent_plugins.sim.tcp import TcpConfig, TcpReceiver, TcpSender
+from eloquent_plugins.sim.tcp import TcpConfig, TcpSender
+from eloquent_plugins.sim.tcp_receiver import TcpReceiver
 from eloquent_plugins.sim.timeline import Timeline, TokenModel, generate_timeline
 from eloquent_plugins.sim.link import QUIC_DATAGRAM_HEADER, TCP_HEADER, SimWire
 
@@ -215,5 +217,5 @@ def simulate_stream(scenario: Scenario, seed: int, stream: int, trace: Trace | N
         elif scheme == "oracle":
             out[scheme] = run_oracle(scenario, timeline, seeds, trace)
         else:
-            raise ValueError(f"unknown scheme {scheme!r}")
+            raise ConfigError(f"unknown scheme {scheme!r}")
     return out

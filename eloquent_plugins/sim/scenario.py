@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
+from eloquent_plugins.core.checks import require_finite
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.sim.netem import GilbertElliott, PathConfig, Trace, load_trace
 
@@ -34,13 +35,11 @@ class Scenario:
 
     def __post_init__(self) -> None:
         GilbertElliott(self.loss, self.burst)
-        for name in ("rtt_ms", "jitter_ms"):
-            if not math.isfinite(getattr(self, name)) or getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not self.tpot_ms > 0:
-            raise ConfigError(f"tpot must be > 0 ms, got {self.tpot_ms}")
-        if self.bandwidth_kbps is not None and not self.bandwidth_kbps > 0:
-            raise ConfigError(f"bw must be > 0 kbit/s, got {self.bandwidth_kbps}")
+        require_finite("rtt_ms", self.rtt_ms)
+        require_finite("jitter_ms", self.jitter_ms)
+        require_finite("tpot (ms)", self.tpot_ms, strict=True)
+        if self.bandwidth_kbps is not None:
+            require_finite("bw (kbit/s)", self.bandwidth_kbps, strict=True)
         if self.tokens < 1 or self.streams < 1 or self.copies < 1:
             raise ConfigError("tokens, streams and k must be >= 1")
 

@@ -14,13 +14,16 @@ Linux's RACK-TLP for the sensitivity variant (docs/results/sim.md discusses both
 ``copies`` > 1 is the duplication baseline: every data segment (new or retransmitted) goes out ``copies`` times
 back to back, the receiver drops the extra copies of a first transmission silently (it still answers a
 retransmission it already holds, since the ACK may have been lost), and the TCP machinery above is the fallback.
+The receiving half is ``sim.tcp_receiver.TcpReceiver``.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from enum import Enum, auto
 
 from eloquent_plugins.sim.clock import EventLoop
 
@@ -66,14 +69,25 @@ class Ack:
         return 4 + 8 * min(blocks, 4)
 
 
+class SegmentState(Enum):
+    """Where an outstanding segment stands, one at a time (was two booleans, ``sacked`` and ``lost``)."""
+
+    IN_FLIGHT = auto()
+    """Sent (or resent) and neither SACKed nor deemed lost: it counts in the pipe."""
+    LOST = auto()
+    """Deemed lost (RTO, DupThresh or RACK): the next to retransmit."""
+    SACKED = auto()
+    """The receiver holds it above a hole; it leaves when the cumulative ACK passes it."""
+
+
 @dataclass(slots=True)
 class _Outstanding:
     segment: Segment
     first_sent: float
     last_sent: float = 0.0
     retransmitted: bool = False
-    sacked: bool = False
-    lost: bool = False
+    """Sent more than once (Karn's rule): history, independent of ``state``."""
+    state: SegmentState = SegmentState.IN_FLIGHT
     recovery_epoch: int = -1
 
 
@@ -135,7 +149,7 @@ class TcpSender:
 
     # ---- sending ----------------------------------------------------------------------------------------
     def _pipe(self) -> int:
-        return sum(1 for o in self._out.values() if not o.sacked and not o.lost)
+        return sum(1 for o in self._out.values() if o.state is SegmentState.IN_FLIGHT)
 
     def _send(self, entry: _Outstanding) -> None:
         segment = replace(entry.segment, retransmission=True) if entry.retransmitted else entry.segment
@@ -150,7 +164,7 @@ class TcpSender:
     def _try_send(self) -> None:
         now = self.loop.now
         while True:
-            lost = [o for o in self._out.values() if o.lost]
+            lost = [o for o in self._out.values() if o.state is SegmentState.LOST]
             if not lost and not self._unsent:
                 self._cwnd_limited = False
                 return
@@ -159,7 +173,7 @@ class TcpSender:
                 return
             if lost:
                 entry = min(lost, key=lambda o: o.segment.index)
-                entry.lost = False
+                entry.state = SegmentState.IN_FLIGHT
                 entry.retransmitted = True
                 entry.recovery_epoch = self._epoch
                 self.stats.retransmissions += 1
@@ -239,8 +253,8 @@ class TcpSender:
         self._epoch += 1
         self._recovery_point = None
         for entry in self._out.values():
-            if not entry.sacked:
-                entry.lost = True
+            if entry.state is not SegmentState.SACKED:
+                entry.state = SegmentState.LOST
         self._rto_at = None
         self._try_send()
         if self._rto_at is None:
@@ -272,7 +286,7 @@ class TcpSender:
                     continue
                 count += 1
                 karn = karn or entry.retransmitted
-                if not entry.sacked and oldest is None:  # SACKed ones gave their sample when SACKed
+                if entry.state is not SegmentState.SACKED and oldest is None:  # SACKed ones gave their sample when SACKed
                     oldest = entry.first_sent
             if oldest is not None and not karn:  # Linux: no sample from an ACK that covers retransmitted data
                 sample = now - oldest
@@ -286,9 +300,8 @@ class TcpSender:
                 self._grow(count, now)  # Linux's tcp_is_cwnd_limited: slow start grows up to twice the flight
         for index in sorted(ack.sacked):
             entry = self._out.get(index)
-            if entry is not None and not entry.sacked:
-                entry.sacked = True
-                entry.lost = False
+            if entry is not None and entry.state is not SegmentState.SACKED:
+                entry.state = SegmentState.SACKED
                 if sample is None and not entry.retransmitted:
                     sample = now - entry.first_sent
         if sample is not None:
@@ -318,7 +331,8 @@ class TcpSender:
 
     def _rack_update(self, ack: Ack, now: float) -> None:
         delivered = [self._out[i] for i in range(self._una, ack.cumulative) if i in self._out]
-        delivered += [self._out[i] for i in ack.sacked if i in self._out and not self._out[i].sacked]
+        delivered += [self._out[i] for i in ack.sacked
+                      if i in self._out and self._out[i].state is not SegmentState.SACKED]
         for entry in delivered:
             rtt = now - entry.last_sent
             if entry.retransmitted and rtt < self._min_rtt:
@@ -333,11 +347,11 @@ class TcpSender:
         newly = False
         earliest: float | None = None
         for entry in self._out.values():
-            if entry.sacked or entry.lost or entry.last_sent >= self._rack_xmit:
+            if entry.state is not SegmentState.IN_FLIGHT or entry.last_sent >= self._rack_xmit:
                 continue
             deadline = entry.last_sent + self._rack_rtt + reo_wnd
             if now >= deadline:
-                entry.lost = True
+                entry.state = SegmentState.LOST
                 newly = True
             elif earliest is None or deadline < earliest:
                 earliest = deadline
@@ -360,16 +374,16 @@ class TcpSender:
             if self._rack_detect():
                 self._enter_recovery()
             return
-        sacked = sorted(i for i, o in self._out.items() if o.sacked)
+        sacked = sorted(i for i, o in self._out.items() if o.state is SegmentState.SACKED)
         if len(sacked) < self.config.dupthresh:
             return
         newly = False
         for index, entry in self._out.items():
-            if entry.sacked or entry.lost or entry.recovery_epoch == self._epoch:
+            if entry.state is not SegmentState.IN_FLIGHT or entry.recovery_epoch == self._epoch:
                 continue
-            above = len(sacked) - _bisect_right(sacked, index)
+            above = len(sacked) - bisect_right(sacked, index)
             if above >= self.config.dupthresh:
-                entry.lost = True
+                entry.state = SegmentState.LOST
                 newly = True
         if newly:
             self._enter_recovery()
@@ -382,68 +396,5 @@ class TcpSender:
             self._reduce()
             self.cwnd = self.ssthresh
             for entry in self._out.values():
-                if entry.lost:
+                if entry.state is SegmentState.LOST:
                     entry.recovery_epoch = -1  # retransmit in this epoch
-
-
-def _bisect_right(values: list[int], x: int) -> int:
-    lo, hi = 0, len(values)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if values[mid] <= x:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-class TcpReceiver:
-    """Reassembles in order; tells the renderer when each token becomes readable."""
-
-    def __init__(self, loop: EventLoop, config: TcpConfig, send_ack: Callable[[Ack], None],
-                 render: Callable[[int, float], None]) -> None:
-        self.loop = loop
-        self.config = config
-        self._send_ack = send_ack
-        self._render = render
-        self._next = 0
-        self._ooo: dict[int, Segment] = {}
-        self._unacked_in_order = 0
-        self._delack_at: float | None = None
-
-    def on_segment(self, segment: Segment) -> None:
-        if segment.index < self._next or segment.index in self._ooo:
-            if self.config.copies == 1 or segment.retransmission:
-                self._ack_now()  # a repeat is answered at once (D-SACK in Linux): the ACK may have been lost
-            return
-        if segment.index > self._next:
-            self._ooo[segment.index] = segment
-            self._ack_now()  # out of order: a duplicate ACK carrying SACK, at once
-            return
-        had_gap = bool(self._ooo)
-        self._deliver(segment)
-        while self._next in self._ooo:
-            self._deliver(self._ooo.pop(self._next))
-        if had_gap:
-            self._ack_now()
-            return
-        self._unacked_in_order += 1
-        if self._unacked_in_order >= 2:
-            self._ack_now()
-        elif self._delack_at is None:
-            self._delack_at = self.loop.now + self.config.delayed_ack
-            self.loop.at(self._delack_at, self._on_delack, self._delack_at)
-
-    def _deliver(self, segment: Segment) -> None:
-        for token in segment.tokens:
-            self._render(token, self.loop.now)
-        self._next = segment.index + 1
-
-    def _on_delack(self, when: float) -> None:
-        if self._delack_at == when:
-            self._ack_now()
-
-    def _ack_now(self) -> None:
-        self._unacked_in_order = 0
-        self._delack_at = None
-        self._send_ack(Ack(self._next, frozenset(self._ooo)))

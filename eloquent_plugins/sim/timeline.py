@@ -13,6 +13,7 @@ import math
 import random
 from dataclasses import dataclass
 
+from eloquent_plugins.core.checks import require_finite
 from eloquent_plugins.core.errors import ConfigError
 
 _WORDS = ("the of and to in is that it for as with was on be by this are or from at an which have not but "
@@ -45,9 +46,11 @@ class TokenModel:
     def __post_init__(self) -> None:
         if self.tokens < 1:
             raise ConfigError(f"a stream needs at least one token, got {self.tokens}")
-        if self.tpot <= 0:
-            raise ConfigError(f"tpot must be > 0 seconds, got {self.tpot}")
-        if not 0 <= self.gap_probability <= 1 or not 0 < self.gap_min <= self.gap_max or self.tpot_sigma < 0:
+        require_finite("tpot (seconds)", self.tpot, strict=True)
+        require_finite("tpot_sigma", self.tpot_sigma)
+        require_finite("gap_min", self.gap_min, strict=True)
+        require_finite("gap_max", self.gap_max, strict=True)
+        if not 0 <= self.gap_probability <= 1 or not self.gap_min <= self.gap_max:
             raise ConfigError("bad long-gap or jitter parameters in the token model")
 
 

@@ -14,9 +14,12 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.sim.netem import Outage, PathConfig, PathModel
+from eloquent_plugins.sim.precise_timers import PreciseTimers
+from eloquent_plugins.sim.relay_record import Bottleneck, PacketRecord, SharedQueue
 
 UDP_IP_HEADER = 28
 """IPv4 + UDP bytes, counted against a bandwidth limit on top of the datagram itself."""
@@ -36,6 +39,14 @@ class RelayConfig:
     """Windows in which everything is dropped both ways."""
     seed: int = 0
     max_clients: int = 1024
+    record: bool = False
+    """Keep a ``PacketRecord`` of every datagram, per client and direction (``Relay.records``)."""
+    bottleneck: Bottleneck | None = None
+    """A rate and queue shared by every client's server -> client packets, before their own path model."""
+    precise_timers: bool = False
+    """Also release packets from a timer thread (``sim.precise_timers``), on time to tens of microseconds instead
+    of up to 1 ms late (epoll's millisecond timeout). On for the benchmarks' harness; off by default, since on a
+    CPU-starved machine the extra thread's GIL hand-overs cost more than they save."""
 
     def __post_init__(self) -> None:
         if self.max_clients < 1:
@@ -53,6 +64,8 @@ class DirectionStats:
     dropped: int = 0
     """Lost to the loss model or a trace."""
     outage_dropped: int = 0
+    queue_dropped: int = 0
+    """Lost to the shared bottleneck's full queue."""
     bytes_forwarded: int = 0
 
 
@@ -69,7 +82,7 @@ class RelayStats:
 def parse_hostport(text: str, what: str = "address") -> tuple[str, int]:
     """``HOST:PORT`` or ``[V6]:PORT``."""
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise ConfigError(f"{what} must be HOST:PORT, got {text!r}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
@@ -89,43 +102,49 @@ class _Pipe:
     equal deadlines in order, so a FIFO path keeps its own queue and one timer for its head."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fifo: bool, stats: DirectionStats,
-                 send: Callable[[bytes], None]) -> None:
+                 send: Callable[[bytes], None], origin: float = 0.0, timers: Any = None) -> None:
         self._loop = loop
+        self._timers = timers if timers is not None else loop
+        """Anything with the loop's ``call_at``: the loop itself or a ``PreciseTimers``."""
+        self._origin = origin
         self._fifo = fifo
         self._stats = stats
         self._send = send
-        self._queue: deque[tuple[float, bytes]] = deque()
-        self._timer: asyncio.TimerHandle | None = None
-        self._loose: set[asyncio.TimerHandle] = set()
+        self._queue: deque[tuple[float, bytes, PacketRecord | None]] = deque()
+        self._timer: Any = None
+        self._loose: set[Any] = set()
         self.closed = False
 
-    def put(self, due: float, data: bytes) -> None:
+    def put(self, due: float, data: bytes, record: PacketRecord | None = None) -> None:
         if not self._fifo:
-            handle = self._loop.call_at(due, self._release_one, data)
+            handle = self._timers.call_at(due, self._release_one, data, record)
             self._loose.add(handle)
             return
-        self._queue.append((due, data))
+        self._queue.append((due, data, record))
         if self._timer is None:
-            self._timer = self._loop.call_at(due, self._release)
+            self._timer = self._timers.call_at(due, self._release)
 
-    def _deliver(self, data: bytes) -> None:
+    def _deliver(self, data: bytes, record: PacketRecord | None) -> None:
         if self.closed:
             return
+        if record is not None:
+            record.sent = self._loop.time() - self._origin
         self._stats.forwarded += 1
         self._stats.bytes_forwarded += len(data)
         self._send(data)
 
-    def _release_one(self, data: bytes) -> None:
+    def _release_one(self, data: bytes, record: PacketRecord | None) -> None:
         self._loose = {h for h in self._loose if not h.cancelled() and h.when() > self._loop.time()}
-        self._deliver(data)
+        self._deliver(data, record)
 
     def _release(self) -> None:
         self._timer = None
         now = self._loop.time()
         while self._queue and self._queue[0][0] <= now:
-            self._deliver(self._queue.popleft()[1])
+            _, data, record = self._queue.popleft()
+            self._deliver(data, record)
         if self._queue and not self.closed:
-            self._timer = self._loop.call_at(self._queue[0][0], self._release)
+            self._timer = self._timers.call_at(self._queue[0][0], self._release)
 
     def close(self) -> None:
         self.closed = True
@@ -142,14 +161,17 @@ class _Client:
     def __init__(self, relay: Relay, addr: tuple[str, int], index: int) -> None:
         self.relay = relay
         self.addr = addr
+        self.index = index
         seeds = random.Random(f"eloquent-relay/{relay.config.seed}/{index}")
         self.up = PathModel(relay.config.direction(True), seeds.getrandbits(63))
         self.down = PathModel(relay.config.direction(False), seeds.getrandbits(63))
         self.transport: asyncio.DatagramTransport | None = None
         self.pending: list[bytes] = []
         loop = asyncio.get_running_loop()
-        self.up_pipe = _Pipe(loop, not self.up.config.reorder, relay.stats.upstream, self._to_server)
-        self.down_pipe = _Pipe(loop, not self.down.config.reorder, relay.stats.downstream, self._to_client)
+        self.up_pipe = _Pipe(loop, not self.up.config.reorder, relay.stats.upstream, self._to_server,
+                             relay._start, relay.timers)
+        self.down_pipe = _Pipe(loop, not self.down.config.reorder, relay.stats.downstream, self._to_client,
+                               relay._start, relay.timers)
         self.ready = asyncio.ensure_future(self._connect())
 
     async def _connect(self) -> None:
@@ -170,10 +192,11 @@ class _Client:
         self.pending.clear()
 
     def from_client(self, data: bytes) -> None:
-        self.relay._pass(self.up, self.relay.stats.upstream, data, self.up_pipe)
+        self.relay._pass(self.up, self.relay.stats.upstream, data, self.up_pipe, (self.index, "up"))
 
     def from_server(self, data: bytes) -> None:
-        self.relay._pass(self.down, self.relay.stats.downstream, data, self.down_pipe)
+        self.relay._pass(self.down, self.relay.stats.downstream, data, self.down_pipe, (self.index, "down"),
+                         self.relay.bottleneck)
 
     def _to_server(self, data: bytes) -> None:
         if self.transport is None:
@@ -204,7 +227,11 @@ class Relay(asyncio.DatagramProtocol):
         self.closed = False
         self._loop = asyncio.get_running_loop()
         self._start = self._loop.time()
+        self.timers: Any = PreciseTimers(self._loop) if config.precise_timers else None
         self._clients: dict[tuple[str, int], _Client] = {}
+        self.records: dict[tuple[int, str], list[PacketRecord]] = {}
+        """With ``config.record``: (client index, "up" or "down") -> every datagram, in arrival order."""
+        self.bottleneck = SharedQueue(config.bottleneck) if config.bottleneck is not None else None
 
     @property
     def listen_addr(self) -> tuple[str, int]:
@@ -218,8 +245,24 @@ class Relay(asyncio.DatagramProtocol):
             return None
         return entry.transport.get_extra_info("sockname")[:2]
 
+    @property
+    def origin(self) -> float:
+        """The loop time the relay started at: time 0 of its schedules and records."""
+        return self._start
+
     def elapsed(self) -> float:
         return self._loop.time() - self._start
+
+    def client_index(self, upstream: tuple[str, int]) -> int | None:
+        """Which client (in order of first contact) the server sees at ``upstream`` (its relayed address)."""
+        for client in self._clients.values():
+            if client.transport is not None and tuple(client.transport.get_extra_info("sockname")[:2]) == upstream:
+                return client.index
+        return None
+
+    def record_of(self, client: int, direction: str) -> list[PacketRecord]:
+        """The recorded datagrams of one client and direction ("up": to the server), times since the start."""
+        return self.records.get((client, direction), [])
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         client = self._clients.get(addr)
@@ -231,17 +274,34 @@ class Relay(asyncio.DatagramProtocol):
             self.stats.clients += 1
         client.from_client(data)
 
-    def _pass(self, model: PathModel, stats: DirectionStats, data: bytes, pipe: _Pipe) -> None:
+    def _pass(self, model: PathModel, stats: DirectionStats, data: bytes, pipe: _Pipe, key: tuple[int, str],
+              queue: SharedQueue | None = None) -> None:
         stats.received += 1
+        now = self.elapsed()
+        size = len(data) + UDP_IP_HEADER
+        record = None
+        if self.config.record:
+            record = PacketRecord(now, size, None)
+            self.records.setdefault(key, []).append(record)
+        departure = now if queue is None else queue.depart(now, size)
+        if departure is None:
+            stats.queue_dropped += 1
+            if record is not None:
+                record.cause = "queue"
+            return
         outage_before = model.stats.outage_drops
-        arrival = model.transmit(self.elapsed(), len(data) + UDP_IP_HEADER)
+        arrival = model.transmit(departure, size)
         if arrival is None:
             if model.stats.outage_drops > outage_before:
                 stats.outage_dropped += 1
             else:
                 stats.dropped += 1
+            if record is not None:
+                record.cause = "outage" if model.stats.outage_drops > outage_before else "loss"
             return
-        pipe.put(self._start + arrival, data)
+        if record is not None:
+            record.due = arrival
+        pipe.put(self._start + arrival, data, record)
 
     async def close(self) -> None:
         """Stop relaying: drop what is still in flight and close every socket."""
@@ -250,6 +310,8 @@ class Relay(asyncio.DatagramProtocol):
         self.closed = True
         for client in self._clients.values():
             client.close()
+        if self.timers is not None:
+            self.timers.close()
         if self.transport is not None:
             self.transport.close()
         await asyncio.sleep(0)

@@ -3,18 +3,47 @@
 Per-event figures are plain integer/float attributes and a bisect into fixed buckets; prometheus_client only
 reads them at scrape time through a custom collector. Each middleware owns its ``CollectorRegistry`` unless it is
 given the host app's (no global mutable state by default).
+
+Every stream is counted once, by the middleware, whatever carries it: ``transport`` is ``sse`` (HTTP/1.1),
+``h3-stream`` (SSE on an HTTP/3 request stream), ``datagram`` (Eloquent packets in HTTP/3 datagrams) or
+``webtransport``; the HTTP/3 front end names it in the request's scope (``TRANSPORT_EXTENSION``).
 """
 
 from __future__ import annotations
 
+import logging
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+METRICS_PATH = "/eloquent/metrics"
+"""Where the middleware always serves its metrics, even when the app (TGI, vLLM, an upstream) owns ``/metrics``."""
+TRANSPORT_EXTENSION = "eloquent.transport"
+"""``scope["extensions"]`` key: how the front end carries this request's stream (see ``transport_label``)."""
+TRANSPORTS = ("sse", "h3-stream", "datagram", "webtransport")
+
+log = logging.getLogger("eloquent_plugins.transports.metrics")
+
+
+def transport_label(scope: Mapping[str, Any]) -> str:
+    """The ``transport`` label of a stream served for ``scope``: the front end's word, else by HTTP version."""
+    named = (scope.get("extensions") or {}).get(TRANSPORT_EXTENSION)
+    if named:
+        return str(named)
+    return "h3-stream" if scope.get("http_version") == "3" else "sse"
+
+
+def h3_transport(transport: str, *, datagrams: bool) -> str:
+    """The label of an HTTP/3 request's stream: ``webtransport`` (a session's stream), ``datagram`` (it asked for
+    Eloquent delivery and the peer takes datagrams) or ``h3-stream``."""
+    return "webtransport" if transport == "webtransport" else "datagram" if datagrams else "h3-stream"
+
+
 GAP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0, 60.0)
 
 
@@ -51,7 +80,8 @@ class StreamMetrics:
         self.ttft = Histogram(LATENCY_BUCKETS)
         self.tpot = Histogram(LATENCY_BUCKETS)
         self.gap = Histogram(GAP_BUCKETS)
-        self.streams_started = 0
+        self.started: dict[str, int] = {}
+        """Streams started, by transport (``transport_label``)."""
         self.streams_ended: dict[str, int] = {}
         self.active_streams = 0
         self.active_connections = 0
@@ -65,8 +95,28 @@ class StreamMetrics:
         self.errors = 0
         self.send_timeouts = 0
         self.streams_refused = 0
+        self.clients_cut = 0
+        self.budget_refusals = 0
+        self.history_shed_bytes = 0
+        self.held: Callable[[], int] | None = None
+        """Bytes all stream logs hold now (``StreamBudget.held``), read at scrape time."""
+        self.evicted: Callable[[], int] | None = None
+        """Finished streams the store dropped before their TTL (memory store), read at scrape time."""
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
-        self.registry.register(self)
+        try:
+            self.registry.register(self)
+        except ValueError as exc:  # the host's registry has these names already (a second middleware)
+            log.warning("stream metrics not added to the given registry (%s); served at %s only", exc, METRICS_PATH)
+            self.registry = CollectorRegistry(auto_describe=True)
+            self.registry.register(self)
+
+    @property
+    def streams_started(self) -> int:
+        """Streams started, every transport."""
+        return sum(self.started.values())
+
+    def start(self, transport: str) -> None:
+        self.started[transport] = self.started.get(transport, 0) + 1
 
     def resume(self, outcome: str) -> None:
         self.resumes[outcome] = self.resumes.get(outcome, 0) + 1
@@ -82,8 +132,10 @@ class StreamMetrics:
         yield self.ttft.family(f"{p}_time_to_first_token_seconds", "Request start to the first event of a stream.")
         yield self.tpot.family(f"{p}_time_per_output_token_seconds", "Mean gap between events of one stream.")
         yield self.gap.family(f"{p}_inter_event_gap_seconds", "Time between consecutive events from the engine.")
-        started = CounterMetricFamily(f"{p}_streams_started", "SSE streams started.")
-        started.add_metric([], self.streams_started)
+        started = CounterMetricFamily(f"{p}_streams_started", "Streams started, by transport (sse, h3-stream, "
+                                      "datagram, webtransport).", labels=["transport"])
+        for transport, count in sorted(self.started.items()):
+            started.add_metric([transport], count)
         yield started
         ended = CounterMetricFamily(f"{p}_streams_ended", "SSE streams ended, by reason.", labels=["reason"])
         for reason, count in sorted(self.streams_ended.items()):
@@ -101,6 +153,14 @@ class StreamMetrics:
              self.send_timeouts),
             ("streams_refused", "Streams refused (429) because their caller held max_streams_per_client.",
              self.streams_refused),
+            ("clients_cut", "Connections cut because more than max_queued_bytes waited for a client that does not "
+             "read, or the memory budget needed them (the client may resume).", self.clients_cut),
+            ("budget_refusals", "Streams refused (503) because the stream logs held max_held_bytes.",
+             self.budget_refusals),
+            ("history_shed_bytes", "Bytes of live streams' written history dropped to stay within max_held_bytes "
+             "(a resume from before them gets 410).", self.history_shed_bytes),
+            ("streams_evicted", "Finished streams dropped before their TTL to stay within the store's and the "
+             "memory budget's bounds.", self.evicted() if self.evicted is not None else 0),
         ):
             family = CounterMetricFamily(f"{p}_{name}", doc)
             family.add_metric([], value)
@@ -113,6 +173,9 @@ class StreamMetrics:
                                 value=self.active_streams)
         yield GaugeMetricFamily(f"{p}_active_connections", "Client connections being served.",
                                 value=self.active_connections)
+        yield GaugeMetricFamily(f"{p}_bytes_held", "Bytes the stream logs hold now: replay history, events queued "
+                                "for clients, finished streams kept for resume.",
+                                value=self.held() if self.held is not None else 0)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

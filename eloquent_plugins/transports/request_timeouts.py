@@ -20,30 +20,33 @@ idle connections are bounded by the QUIC idle timeout.
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+import socket
+from collections.abc import Awaitable
+from enum import Enum
 from functools import lru_cache
 from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from eloquent_plugins.core.codecs import BUILTIN_CODECS
+from eloquent_plugins.core.codecs.router import CodecRouter
+from eloquent_plugins.core.errors import ConfigError
+from eloquent_plugins.transports.asgi import ASGIApp, Message, Receive, Scope, Send
+from eloquent_plugins.transports.sse.headers import json_error
 
 log = logging.getLogger("eloquent_plugins.http")
 
 _DISCONNECT: dict[str, Any] = {"type": "http.disconnect"}
+_ROUTER = CodecRouter({codec.name: codec for codec in BUILTIN_CODECS})
+"""The built-in codecs on the default routes: these timeouts sit outside any middleware's own routing."""
 
 
-def request_timeout_body(message: str) -> bytes:
-    """The ``408`` body, in the OpenAI error shape the rest of the package answers with."""
-    return json.dumps({"error": {"message": message, "type": "request_timeout", "param": None,
-                                 "code": 408}}).encode()
+def request_timeout_body(message: str, path: str = "") -> bytes:
+    """The ``408`` body, in the error shape of the route at ``path`` (``""``, no request line yet: OpenAI's)."""
+    return json_error(_ROUTER, path, 408, message, 408, type_="request_timeout")[2]
 
 
 def _timeout_headers(body: bytes) -> list[tuple[bytes, bytes]]:
@@ -61,6 +64,8 @@ class HeaderTimeoutH11Protocol(H11Protocol):
     """
 
     header_timeout: float = 30.0
+    send_buffer: int = 0
+    """``SO_SNDBUF`` of each connection (0: the kernel's autotuning); see ``StreamConfig.socket_send_buffer``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -72,6 +77,11 @@ class HeaderTimeoutH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if self.send_buffer:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer)
         self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -84,6 +94,15 @@ class HeaderTimeoutH11Protocol(H11Protocol):
         super().data_received(data)
         if self._serving() or self.transport.is_closing():
             self._cancel_header_timer()
+        elif (self._header_timer is not None and self.conn.our_state is h11.IDLE
+              and self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]):
+            # These bytes only finished a body whose response already went out (an early 413): no request is
+            # due, the connection is idle again. Back to uvicorn's keep-alive rule (super() stopped its timer),
+            # not a 408 nobody asked for.
+            self._cancel_header_timer()
+            if self.timeout_keep_alive_task is None:
+                self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
+                                                                    self.timeout_keep_alive_handler)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # may parse a pipelined request already buffered
@@ -134,11 +153,15 @@ class HeaderTimeoutH11Protocol(H11Protocol):
 
 
 @lru_cache(maxsize=32)
-def header_timeout_protocol(seconds: float) -> type[HeaderTimeoutH11Protocol]:
-    """The protocol class for ``uvicorn.Config(http=...)`` with a ``seconds`` header deadline (0: none)."""
+def header_timeout_protocol(seconds: float, send_buffer: int = 0) -> type[HeaderTimeoutH11Protocol]:
+    """The protocol class for ``uvicorn.Config(http=...)`` with a ``seconds`` header deadline (0: none) and a
+    ``send_buffer``-byte kernel send buffer per connection (0: the kernel's autotuning)."""
     if not seconds >= 0:
-        raise ValueError(f"header timeout must be >= 0, got {seconds}")
-    return type("HeaderTimeoutH11Protocol", (HeaderTimeoutH11Protocol,), {"header_timeout": float(seconds)})
+        raise ConfigError(f"header timeout must be >= 0, got {seconds}")
+    if not send_buffer >= 0:
+        raise ConfigError(f"socket send buffer must be >= 0, got {send_buffer}")
+    return type("HeaderTimeoutH11Protocol", (HeaderTimeoutH11Protocol,),
+                {"header_timeout": float(seconds), "send_buffer": int(send_buffer)})
 
 
 # -- bodies (ASGI) ----------------------------------------------------------------------------------------------
@@ -149,7 +172,7 @@ class BodyTimeoutMiddleware:
 
     def __init__(self, app: ASGIApp, timeout: float = 30.0) -> None:
         if not timeout >= 0:
-            raise ValueError(f"body timeout must be >= 0, got {timeout}")
+            raise ConfigError(f"body timeout must be >= 0, got {timeout}")
         self.app = app
         self.timeout = timeout
 
@@ -161,48 +184,69 @@ class BodyTimeoutMiddleware:
         await self.app(scope, exchange.receive, exchange.send)
 
 
+class _Body(Enum):
+    """Where the request body of one exchange is."""
+
+    ARRIVING = "arriving"
+    """Incomplete: each next chunk is due within the timeout."""
+    COMPLETE = "complete"
+    """All in (or not a body message): only the disconnect is left to wait for, with no deadline."""
+    TIMED_OUT = "timed_out"
+    """A chunk came too late: the app is told the client left, and what it sends is dropped."""
+
+_COMPLETE = _Body.COMPLETE  # ``send`` runs per event: a global read, not an Enum attribute lookup
+
+
 class _BodyDeadline:
-    __slots__ = ("_receive", "_send", "body_done", "scope", "started", "timed_out", "timeout")
+    __slots__ = ("_receive", "_send", "body", "scope", "started", "timeout")
 
     def __init__(self, timeout: float, scope: Scope, receive: Receive, send: Send) -> None:
         self.timeout = timeout
         self.scope = scope
         self._receive = receive
         self._send = send
-        self.body_done = False
+        self.body = _Body.ARRIVING
         self.started = False
-        self.timed_out = False
+        """The response has started (the app's, or our 408)."""
 
     async def receive(self) -> Message:
-        if self.timed_out:
+        if self.body is _Body.TIMED_OUT:
             return dict(_DISCONNECT)
-        if self.body_done:
+        if self.body is _Body.COMPLETE:
             return await self._receive()  # only the disconnect is left to wait for: no deadline
         try:
             async with asyncio.timeout(self.timeout):
                 message = await self._receive()
         except TimeoutError:
             return await self._expire()
-        if message["type"] != "http.request" or not message.get("more_body", False):
-            self.body_done = True
+        if self.body is _Body.ARRIVING and (message["type"] != "http.request" or not message.get("more_body", False)):
+            self.body = _Body.COMPLETE
         return message
 
-    async def send(self, message: Message) -> None:
-        if self.timed_out:
+    def send(self, message: Message) -> Awaitable[None]:
+        # Runs once per streamed event: once the body is in, no deadline is left to enforce, so hand the server's
+        # own send coroutine back (no coroutine of ours per event; 0.19 -> 0.06 us/event, issue 16 item 4).
+        if self.body is _COMPLETE:
+            return self._send(message)
+        return self._send_arriving(message)
+
+    async def _send_arriving(self, message: Message) -> None:
+        if self.body is _Body.TIMED_OUT:
             return  # our 408 answered (or the client was cut): the app's own response goes nowhere
         if message["type"] == "http.response.start":
             self.started = True
         await self._send(message)
 
     async def _expire(self) -> Message:
-        self.timed_out = True
+        self.body = _Body.TIMED_OUT
         client = self.scope.get("client")
         who = f"{client[0]}:{client[1]}" if client else "client"
         log.info("%s %s %s: no request body data for %.1fs: %s", who, self.scope.get("method"),
                  self.scope.get("path"), self.timeout, "cut" if self.started else "408")
         if not self.started:
             self.started = True
-            body = request_timeout_body(f"request body not received: no data for {self.timeout:g} s")
+            body = request_timeout_body(f"request body not received: no data for {self.timeout:g} s",
+                                        self.scope.get("path", ""))
             await self._send({"type": "http.response.start", "status": 408, "headers": _timeout_headers(body)})
             await self._send({"type": "http.response.body", "body": body, "more_body": False})
         return dict(_DISCONNECT)

@@ -21,12 +21,7 @@ from typing import Any
 
 import uvicorn
 
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    """A free 127.0.0.1 port (TCP, or UDP with ``socket.SOCK_DGRAM``)."""
-    with socket.socket(socket.AF_INET, kind) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from eloquent_plugins.cli.bench.procs import free_port as free_port  # one free_port for the package and the tests
 
 
 def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen[Any] | None = None) -> None:
@@ -118,7 +113,7 @@ def redis_server() -> Iterator[str]:
                 proc.kill()
 
 
-NGINX_CONF = """
+NGINX_CONF = """{modules}
 worker_processes 1;
 daemon off;
 {user}
@@ -132,12 +127,13 @@ http {{
     fastcgi_temp_path {tmp}/fastcgi;
     uwsgi_temp_path {tmp}/uwsgi;
     scgi_temp_path {tmp}/scgi;
+{upstreams}
     server {{
         listen 127.0.0.1:{port};
 {locations}
     }}
 }}
-"""
+{stream}"""
 NGINX_LOCATION = """
         location {path} {{
             proxy_pass {target};
@@ -153,39 +149,93 @@ class Nginx:
     error_log: Path
 
 
+STREAM_MODULE = Path("/usr/lib/nginx/modules/ngx_stream_module.so")
+"""Debian's ``libnginx-mod-stream`` installs the ``stream {}`` module as a dynamic module (loaded by path)."""
+NGINX_UPSTREAM = """
+    upstream {name} {{
+        {balance}
+{servers}
+    }}"""
+NGINX_STREAM = """
+stream {{
+{upstreams}
+    server {{
+        listen 127.0.0.1:{udp_port} udp;
+        proxy_pass {name};
+        {extra}
+    }}
+}}
+"""
+
+
+def nginx_upstream(name: str, ports: list[int], balance: str = "", server_options: str = "") -> str:
+    """An ``upstream`` block (``http`` or ``stream``) over 127.0.0.1 ``ports``."""
+    servers = "\n".join(f"        server 127.0.0.1:{p} {server_options};" for p in ports)
+    return NGINX_UPSTREAM.format(name=name, balance=balance, servers=servers)
+
+
+@dataclass(frozen=True)
+class Balancer:
+    url: str
+    udp_port: int
+    error_log: Path
+
+
 @contextlib.contextmanager
-def nginx_routes(routes: dict[str, int], extra: str = "") -> Iterator[Nginx]:
-    """Debian's nginx as a reverse proxy: ``/<prefix>/`` to each upstream port with the prefix stripped (prefix
-    ``""``: every path, passed as is), with ``extra`` directives (``proxy_read_timeout 3s;``...) in each route."""
+def _run_nginx(port: int, **conf: str) -> Iterator[Path]:
+    """Start nginx with ``NGINX_CONF`` filled from ``conf``, wait for ``port``; yields its temp dir."""
     exe = shutil.which("nginx") or "/usr/sbin/nginx"
     if not os.path.exists(exe):
         raise RuntimeError("nginx is not installed (apt-get install -y nginx)")
-    port = free_port()
-    locations = "".join(
-        NGINX_LOCATION.format(path=f"/{prefix}/" if prefix else "/", extra=extra,
-                              target=f"http://127.0.0.1:{upstream}" + ("/" if prefix else ""))
-        for prefix, upstream in routes.items()
-    )
     with tempfile.TemporaryDirectory(prefix="eloquent-nginx-") as tmp:
         user = "user root;" if os.geteuid() == 0 else ""  # the directive only means something to root
-        conf = Path(tmp, "nginx.conf")
-        conf.write_text(NGINX_CONF.format(user=user, tmp=tmp, port=port, locations=locations))
+        path = Path(tmp, "nginx.conf")
+        path.write_text(NGINX_CONF.format(user=user, tmp=tmp, port=port, **{
+            "modules": "", "upstreams": "", "stream": "", **conf}))
         output = Path(tmp, "nginx.out")
         with output.open("wb") as out:
-            proc = subprocess.Popen([exe, "-c", str(conf), "-p", tmp, "-e", f"{tmp}/error.log"],
+            proc = subprocess.Popen([exe, "-c", str(path), "-p", tmp, "-e", f"{tmp}/error.log"],
                                     stdout=out, stderr=subprocess.STDOUT)
         try:
             try:
                 wait_for_port(port, proc=proc)
             except RuntimeError as exc:
                 raise RuntimeError(f"{exc}\nnginx said:\n{output.read_text(errors='replace')}") from None
-            yield Nginx(f"http://127.0.0.1:{port}", Path(tmp, "error.log"))
+            yield Path(tmp)
         finally:
             proc.terminate()
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+@contextlib.contextmanager
+def nginx_routes(routes: dict[str, int], extra: str = "") -> Iterator[Nginx]:
+    """Debian's nginx as a reverse proxy: ``/<prefix>/`` to each upstream port with the prefix stripped (prefix
+    ``""``: every path, passed as is), with ``extra`` directives (``proxy_read_timeout 3s;``...) in each route."""
+    port = free_port()
+    locations = "".join(
+        NGINX_LOCATION.format(path=f"/{prefix}/" if prefix else "/", extra=extra,
+                              target=f"http://127.0.0.1:{upstream}" + ("/" if prefix else ""))
+        for prefix, upstream in routes.items()
+    )
+    with _run_nginx(port, locations=locations) as tmp:
+        yield Nginx(f"http://127.0.0.1:{port}", tmp / "error.log")
+
+
+@contextlib.contextmanager
+def nginx_balancer(http: str, udp: str, *, target: str = "http://eloquent_http", location: str = "",
+                   udp_extra: str = "") -> Iterator[Balancer]:
+    """nginx in front of replicas: TCP port -> ``target`` (``upstream eloquent_http``, given in ``http``: see
+    ``nginx_upstream``) with ``location`` directives; UDP port -> the ``stream {}`` module's ``upstream
+    eloquent_quic`` (``udp``), with ``udp_extra`` in its ``server``. Needs ``libnginx-mod-stream`` on Debian."""
+    port, udp_port = free_port(), free_port()
+    modules = f"load_module {STREAM_MODULE};" if STREAM_MODULE.exists() else ""  # else built in (or absent)
+    locations = NGINX_LOCATION.format(path="/", target=target, extra=location)
+    stream = NGINX_STREAM.format(upstreams=udp, udp_port=udp_port, name="eloquent_quic", extra=udp_extra)
+    with _run_nginx(port, modules=modules, upstreams=http, locations=locations, stream=stream) as tmp:
+        yield Balancer(f"http://127.0.0.1:{port}", udp_port, tmp / "error.log")
 
 
 @contextlib.contextmanager

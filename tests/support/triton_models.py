@@ -282,7 +282,7 @@ def serve(
 # --------------------------------------------------------------------------- launcher (main venv)
 
 
-def free_port() -> int:
+def port_below_ephemeral_range() -> int:
     """A TCP port that is free right now, below the kernel's ephemeral range.
 
     Why not port 0: tritonserver binds seconds after the port is chosen, and ports from the
@@ -320,9 +320,9 @@ class TritonServerProcess:
     state_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="eloquent-triton-")))
     startup_timeout_s: float = 300.0
     port_attempts: int = 3
-    http_port: int = field(default_factory=free_port)
-    grpc_port: int = field(default_factory=free_port)
-    metrics_port: int = field(default_factory=free_port)
+    http_port: int = field(default_factory=port_below_ephemeral_range)
+    grpc_port: int = field(default_factory=port_below_ephemeral_range)
+    metrics_port: int = field(default_factory=port_below_ephemeral_range)
     process: subprocess.Popen[str] | None = None
     startup_s: float | None = None
     _log: list[str] = field(default_factory=list)
@@ -381,7 +381,8 @@ class TritonServerProcess:
             self.stop()
             if not port_clash or attempt == self.port_attempts:
                 break
-            self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+            self.http_port, self.grpc_port, self.metrics_port = (
+                port_below_ephemeral_range(), port_below_ephemeral_range(), port_below_ephemeral_range())
         raise TritonStartError(
             f"Triton test server did not become ready (startup limit {self.startup_timeout_s:.0f}s, "
             f"exit code {self.process.returncode if self.process else None}). Log:\n{self.log()[-20000:]}"
@@ -445,7 +446,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="eloquent-triton-"))
     state_dir.mkdir(parents=True, exist_ok=True)
-    serve(args.http_port, args.grpc_port, args.metrics_port or free_port(), state_dir, args.parent_pid)
+    serve(args.http_port, args.grpc_port, args.metrics_port or port_below_ephemeral_range(), state_dir,
+          args.parent_pid)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def vllm_version() -> str:
 def version_tuple(version: str) -> tuple[int, ...]:
     parts: list[int] = []
     for piece in version.split("+")[0].split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
+        digits = "".join(ch for ch in piece if "0" <= ch <= "9")
         if not digits:
             break
         parts.append(int(digits))

@@ -13,20 +13,15 @@ It can also be given by hand, without the plugin: ``--middleware eloquent_vllm.m
 from __future__ import annotations
 
 from argparse import Namespace
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from eloquent_plugins.transports.asgi import ASGIApp, Message, Receive, Scope, Send
 from eloquent_vllm.compat import logger
 from eloquent_vllm.errors import ServeOptionsError
 from eloquent_vllm.http3 import Http3Frontend
 from eloquent_vllm.implementations import sse_middleware_class
+from eloquent_vllm.metrics import register_stream_metrics
 from eloquent_vllm.options import EloquentVllmSettings
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class VllmStreamMiddleware:
@@ -53,12 +48,19 @@ class VllmStreamMiddleware:
         if settings.config is None:  # transport "none" named explicitly: stay out of the way
             self._inner = self.app
         else:
+            from eloquent_plugins.transports.browser import BrowserRoutes
             from eloquent_plugins.transports.request_timeouts import BodyTimeoutMiddleware
 
             # Outermost, as in ``eloquent serve``: a trickled request body is cut before vLLM parses it. vLLM runs
             # its own uvicorn, so the header-read timeout (a uvicorn protocol class) cannot be installed here.
             inner = sse_middleware_class()(self.app, config=settings.config)
-            self._inner = BodyTimeoutMiddleware(inner, settings.config.body_timeout)
+            register_stream_metrics(inner)  # vLLM's /metrics shows them too; /eloquent/metrics always does
+            timed = BodyTimeoutMiddleware(inner, settings.config.body_timeout)
+            self._inner = BrowserRoutes(timed, certfile=settings.config.certfile)  # /chat, /eloquent/client.js
+            if settings.wants_http3:  # TCP responses advertise the HTTP/3 port (clients' transport="auto")
+                from eloquent_plugins.transports.alt_svc import AltSvcMiddleware
+
+                self._inner = AltSvcMiddleware(self._inner, settings.http3_port)
         self._settings = settings
         return settings
 

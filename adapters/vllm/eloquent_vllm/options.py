@@ -26,52 +26,43 @@ TRANSPORT_ENV = "ELOQUENT_STREAM_TRANSPORT"
 GROUP_TITLE = "Eloquent streaming (eloquent-plugins)"
 
 
+SHARED_FLAGS: tuple[tuple[str, dict[str, object], str], ...] = (
+    ("--stream-transport", {"choices": TRANSPORTS},
+     "sse: keep-alive + resumable SSE on the streaming routes; eloquent: also an HTTP/3 (QUIC) front end on a UDP "
+     "port serving the same app; none (default): vLLM unchanged."),
+    ("--eloquent-port", {"type": int, "metavar": "UDP_PORT"},
+     "UDP port of the HTTP/3 front end (only with --stream-transport eloquent; default: the same number as --port)."),
+    ("--keepalive", {"type": float, "metavar": "SECONDS"},
+     "Send an SSE keep-alive after this many idle seconds; 0 turns it off (default 15)."),
+    ("--resume-store", {"metavar": "URL"},
+     "Where resumable streams are kept: memory:// (one process, default) or redis://host:port/db (needed with "
+     "--api-server-count > 1)."),
+    ("--no-resume", {"action": "store_true"}, "Turn off event ids and resume."),
+    ("--body-timeout", {"type": float, "metavar": "SECONDS"},
+     "Answer 408 when a request body stalls this long; 0 turns it off (default 30)."),
+    ("--max-streams-per-client", {"type": int, "metavar": "N"},
+     "Live SSE streams one caller may hold; above it 429; 0 = unlimited (default)."),
+    ("--certfile", {"metavar": "PEM"}, "TLS certificate for HTTP/3 (default: --ssl-certfile, which also makes "
+     "vLLM's TCP side HTTPS: the same files on both)."),
+    ("--keyfile", {"metavar": "PEM"}, "TLS private key for HTTP/3 (default: --ssl-keyfile)."),
+)
+"""``eloquent serve``'s names for the settings this adapter takes; each is added as :func:`plugin_flag` spells it
+(``--keepalive`` -> ``--eloquent-keepalive``) and reads the same ``ELOQUENT_*`` variable (docs/FLAGS.md)."""
+
+
 def add_eloquent_args(parser: ArgumentParser) -> bool:
     """Add our flags to a ``vllm serve`` parser once; False if they (or a same-named vLLM flag) already exist."""
+    from eloquent_plugins.core.config import env_name, plugin_flag
+
     if "--stream-transport" in parser._option_string_actions:
         return False
     group = parser.add_argument_group(
         GROUP_TITLE,
-        "Robust token streaming. Every flag also reads the ELOQUENT_* variable named in its help.",
+        "Robust token streaming. Every flag also reads the ELOQUENT_* variable named in its help "
+        "(command line beats environment beats default).",
     )
-    group.add_argument(
-        "--stream-transport",
-        choices=TRANSPORTS,
-        default=None,
-        help="sse: keep-alive + resumable SSE on the streaming routes; eloquent: also an HTTP/3 (QUIC) front end "
-        "on a UDP port serving the same app; none (default): vLLM unchanged. [ELOQUENT_STREAM_TRANSPORT]",
-    )
-    group.add_argument(
-        "--eloquent-port",
-        type=int,
-        default=None,
-        help="UDP port of the HTTP/3 front end (default: the same number as --port). [ELOQUENT_ELOQUENT_PORT]",
-    )
-    group.add_argument(
-        "--eloquent-keepalive",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="Send an SSE keep-alive after this many idle seconds; 0 turns it off (default 15). "
-        "[ELOQUENT_KEEPALIVE]",
-    )
-    group.add_argument(
-        "--eloquent-resume-store",
-        default=None,
-        metavar="URL",
-        help="Where resumable streams are kept: memory:// (one process, default) or redis://host:port/db "
-        "(needed with --api-server-count > 1). [ELOQUENT_RESUME_STORE]",
-    )
-    group.add_argument(
-        "--eloquent-certfile",
-        default=None,
-        help="TLS certificate for HTTP/3 (default: --ssl-certfile). [ELOQUENT_CERTFILE]",
-    )
-    group.add_argument(
-        "--eloquent-keyfile",
-        default=None,
-        help="TLS private key for HTTP/3 (default: --ssl-keyfile). [ELOQUENT_KEYFILE]",
-    )
+    for name, options, text in SHARED_FLAGS:
+        group.add_argument(plugin_flag(name), default=None, help=f"{text} [{env_name(name)}]", **options)
     return True
 
 
@@ -119,6 +110,9 @@ class EloquentVllmSettings:
             eloquent_port=getattr(ns, "eloquent_port", None),
             certfile=getattr(ns, "eloquent_certfile", None),
             keyfile=getattr(ns, "eloquent_keyfile", None),
+            body_timeout=getattr(ns, "eloquent_body_timeout", None),
+            max_streams_per_client=getattr(ns, "eloquent_max_streams_per_client", None),
+            resume=False if getattr(ns, "eloquent_no_resume", None) or _truthy(env.get("ELOQUENT_NO_RESUME")) else None,
         )
         if config.certfile is None and config.keyfile is None and getattr(ns, "ssl_certfile", None):
             config = config.replace(certfile=ns.ssl_certfile, keyfile=getattr(ns, "ssl_keyfile", None))
@@ -139,6 +133,9 @@ class EloquentVllmSettings:
             raise ServeOptionsError(f"{flag} needs vLLM's Python API server; unset VLLM_USE_RUST_FRONTEND")
         if getattr(ns, "grpc", False):
             raise ServeOptionsError(f"{flag} applies to the HTTP server, not --grpc")
+        if not self.wants_http3 and getattr(ns, "eloquent_port", None) is not None:
+            raise ServeOptionsError(f"--eloquent-port is the HTTP/3 front end's UDP port: it needs --stream-transport "
+                                    f"eloquent, not {self.transport}")
         servers = planned_api_servers(ns)
         if self.wants_http3:
             if servers > 1:
@@ -157,6 +154,10 @@ class EloquentVllmSettings:
                 "another process, which cannot see a memory:// store. Pass --eloquent-resume-store "
                 "redis://HOST:PORT/DB, or run one API server."
             )
+
+
+def _truthy(raw: str | None) -> bool:
+    return raw is not None and raw.strip().lower() in ("1", "true", "yes", "on")
 
 
 def planned_api_servers(ns: Namespace) -> int:

@@ -119,7 +119,7 @@ class _Exchange:
     def _parse_head(self, raw: bytes) -> None:
         lines = raw.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not (parts[1].isascii() and parts[1].isdigit()):
             raise ResponseError(f"bad status line {lines[0][:80]!r}")
         result = self.result
         result.status = int(parts[1])
@@ -140,7 +140,7 @@ class _Exchange:
             self._framing = "chunked"
         elif "content-length" in headers:
             length = headers["content-length"]
-            if not length.isdigit():
+            if not (length.isascii() and length.isdigit()):  # latin-1 "\xb2" is a digit to isdigit()
                 raise ResponseError(f"bad Content-Length {length[:20]!r}")
             self._framing, self._left = "length", int(length)
             if not self._left:

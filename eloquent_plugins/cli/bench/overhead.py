@@ -10,8 +10,9 @@ own per-event cost, and ``--profile`` prints where that time goes.
 ``--target URL`` measures a live OpenAI-compatible server instead: tokens/s streamed vs non-streamed at
 concurrency 1 and 32 (``--concurrency``), plus time to first token, in interleaved rounds with per-round ratios
 (and, when the server runs our middleware, its streams around the middleware too); repeat ``--target LABEL=URL``
-to put several servers side by side. ``--vllm MODEL`` starts vLLM twice, one after the other, with our
-``--stream-transport`` and without it, and reports the ratios side by side. See :mod:`.overhead_live`.
+to put several servers side by side. See :mod:`.overhead_live`. ``--vllm MODEL`` starts vLLM with our
+``--stream-transport`` and without it (and the ``openai=`` gateway) side by side and reports CPU per token in
+vLLM's API-server and engine processes for every streaming path. See :mod:`.overhead_vllm`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from eloquent_plugins.cli import numbers
+from eloquent_plugins.cli.bench.procs import free_port
+from eloquent_plugins.cli.flags import add_plot, add_progress
 
 VARIANTS = ("bare", "middleware", "middleware-noresume", "sse-starlette")
 
@@ -41,17 +44,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated subset of " + ", ".join(VARIANTS))
     parser.add_argument("--profile", action="store_true", help="cProfile the in-process middleware run")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    add_plot(parser, "write a PNG of the figures (needs matplotlib)")
+    add_progress(parser)
     parser.add_argument("--target", metavar="[LABEL=]URL", action="append",
                         help="measure a live OpenAI-compatible server (base URL, e.g. http://127.0.0.1:8000) instead "
                         "of the local variants; repeat to compare several side by side")
-    parser.add_argument("--vllm", metavar="MODEL", help="start vLLM on MODEL twice, one after the other: with "
-                        "--stream-transport (our plugin), then without our flags, and compare them like --target")
+    parser.add_argument("--vllm", metavar="MODEL", help="start vLLM on MODEL with --stream-transport (our plugin) and "
+                        "without our flags, side by side: CPU per token in vLLM's processes for every streaming path")
     parser.add_argument("--vllm-python", metavar="PATH", help="python of the vLLM venv for --vllm (default "
                         "$ELOQUENT_VLLM_VENV/bin/python, else this one)")
     parser.add_argument("--vllm-args", default="", help="extra vLLM flags for both servers, one string "
                         "(e.g. '--enforce-eager --max-model-len 4096')")
-    parser.add_argument("--vllm-transport", choices=("sse", "eloquent"), default="sse",
-                        help="--stream-transport of the plugin server (default sse; the HTTP measurement is the same)")
+    parser.add_argument("--vllm-transport", choices=("sse", "eloquent"), default="eloquent",
+                        help="--stream-transport of the plugin server (default eloquent: adds the HTTP/3 path)")
     parser.add_argument("--vllm-startup-timeout", type=numbers.positive_seconds, default=900.0, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=numbers.positive, default=None,
                         help="for --target/--vllm: rounds per level; each "
@@ -145,14 +150,6 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 async def _one_stream(url: str, events: int) -> tuple[int, float]:
     import httpx
 
@@ -171,7 +168,7 @@ async def _one_stream(url: str, events: int) -> tuple[int, float]:
 
 
 def _start_server(variant: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "eloquent_plugins.cli.bench.overhead", "--serve", variant,
                              "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _wait_port(port, proc)
@@ -310,6 +307,11 @@ def run(args: argparse.Namespace) -> int:
             from eloquent_plugins.core.errors import ConfigError
 
             raise ConfigError(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
+        if "sse-starlette" in variants:  # the baseline most servers use; checked before minutes of measuring
+            from eloquent_plugins.cli.optional import needs_extra
+
+            with needs_extra("bench overhead's sse-starlette baseline (or leave it out with --variants)"):
+                import sse_starlette  # noqa: F401
         results = measure_variants(variants, events, repeat)
         base = next((r for r in results if r.variant == "bare"), results[0])
         print(f"one stream of {events} events over loopback (uvicorn h11, tpot=0), best of {repeat}; "

@@ -1,3 +1,4 @@
+# long: one benchmark (client, paired rounds, three modes, the side-by-side table) whose parts only make sense together
 """``eloquent bench overhead --target URL | --vllm MODEL``: streamed vs non-streamed tokens/s on a live server.
 
 The figure is tokens/s of streamed chat completions divided by tokens/s of the same requests non-streamed, per
@@ -23,9 +24,8 @@ concurrency level. On a shared machine single runs vary far more than the effect
   its tokens are not counted. The client's own CPU time per 1000 tokens is reported for every mode. httpx is
   used only for ``/v1/models`` and ``/health``.
 
-``--vllm MODEL`` starts the plugin server (``--stream-transport``), measures it, stops it, then starts vLLM
-without any of our flags and measures that too (non-streamed and streamed), the literal "without the plugin"
-comparison; never both servers at once.
+``--vllm MODEL`` measures CPU per token in vLLM's own processes instead (servers side by side, more paths):
+see :mod:`.overhead_vllm`, which reuses this module's client and modes.
 """
 
 from __future__ import annotations
@@ -35,13 +35,8 @@ import asyncio
 import json
 import os
 import re
-import shlex
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,7 +44,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from eloquent_plugins.cli.bench import lighthttp
-from eloquent_plugins.cli.bench.procs import free_port, stop_process, wait_healthy
+from eloquent_plugins.core.protocol import DATAGRAM, STREAM_HEADER, TRANSPORT_HEADER
 
 TAIL_BYTES = 4096
 """Bytes kept from the end of a stream: the usage chunk and ``data: [DONE]`` are in there."""
@@ -59,8 +54,8 @@ ID_LINE_RE = re.compile(rb"\nid:")
 DONE_RE = re.compile(rb"data: ?\[DONE\]\s*\Z")
 USAGE_KEY = b'"completion_tokens":'
 _INT_RE = re.compile(rb"\s*(\d+)")
-MIDDLEWARE_HEADERS = ("x-accel-buffering", "x-eloquent-stream")
-BYPASS_HEADER = {"eloquent-transport": "datagram"}
+MIDDLEWARE_HEADERS = ("x-accel-buffering", STREAM_HEADER)
+BYPASS_HEADER = {TRANSPORT_HEADER.decode(): DATAGRAM.decode()}
 
 
 @dataclass(frozen=True)
@@ -88,6 +83,8 @@ class Outcome:
     """The response carried the middleware's headers."""
     id_lines: bool = False
     """An SSE ``id:`` line was seen up to the first token."""
+    events: int = 0
+    """SSE events received (``data:`` lines, counted per body piece): vLLM merges deltas when it falls behind."""
     error: str | None = None
 
 
@@ -104,9 +101,14 @@ async def one_request(conn: lighthttp.Connection, path: str, body: bytes, header
                       stream: bool, max_tokens: int) -> Outcome:
     """POST one completion on ``conn`` and check it; never raises for the server's or the network's faults."""
     out = Outcome()
+
+    def count_events(_result: lighthttp.Result, piece: bytes) -> None:
+        out.events += piece.count(b"data:")
+
     try:
         if stream:
-            response = await conn.request("POST", path, body, headers, tail=TAIL_BYTES, first=CONTENT_RE)
+            response = await conn.request("POST", path, body, headers, tail=TAIL_BYTES, first=CONTENT_RE,
+                                          on_piece=count_events)
         else:
             response = await conn.request("POST", path, body, headers)
     except (TimeoutError, lighthttp.ResponseError, OSError) as exc:
@@ -181,7 +183,8 @@ async def run_level(url: str, model: str, mode: Mode, max_tokens: int, concurren
     out: dict[str, Any] = {
         "mode": mode.name, "stream": mode.stream, "concurrency": concurrency, "requests": requests,
         "tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall if wall else 0.0, "errors": len(errors),
-        "client_cpu_s": cpu, "via_middleware": sum(o.middleware for o in outcomes),
+        "client_cpu_s": cpu, "events": sum(o.events for o in outcomes if not o.error),
+        "via_middleware": sum(o.middleware for o in outcomes),
         "id_lines": sum(o.id_lines for o in outcomes)}
     if errors:
         out["error_sample"] = errors[0]
@@ -407,75 +410,11 @@ def run_target(args: argparse.Namespace) -> dict[str, Any]:
     return {"targets": results, "concurrency": levels, "summary": summary, "client_cpus": args.client_cpus}
 
 
-# -- --vllm: the same requests with the plugin on, then off ----------------------------------------------------
-
-
-def vllm_python(arg: str | None) -> str:
-    if arg:
-        return arg
-    venv = os.environ.get("ELOQUENT_VLLM_VENV")
-    if venv:
-        return os.path.join(venv, "bin", "python")
-    return sys.executable
-
-
-def start_vllm(python: str, model: str, flags: list[str], extra: list[str], log_path: str, timeout: float, *,
-               cpus: set[int] | None = None) -> tuple[subprocess.Popen[bytes], str]:
-    """``python -m eloquent_vllm.serve MODEL`` (vLLM's ``serve`` plus our flags; without them, vLLM unchanged)
-    on a free port, from a temporary directory, optionally confined to ``cpus`` (its processes inherit that;
-    vLLM's CPU backend binds its OpenMP threads within it); returns once ``/health`` answers."""
-    port = free_port()
-    if os.path.exists(model):  # a local model folder: vLLM runs from a temporary directory
-        model = os.path.abspath(model)
-    cmd = [python, "-m", "eloquent_vllm.serve", model, "--host", "127.0.0.1", "--port", str(port), *extra, *flags]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ELOQUENT_") and k != "VLLM_PLUGINS"}
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-    if cpus:
-        taskset = shutil.which("taskset")
-        if taskset is None:
-            raise RuntimeError("--server-cpus needs taskset (util-linux)")
-        cmd = [taskset, "-c", ",".join(map(str, sorted(cpus))), *cmd]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=tempfile.gettempdir(), env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, process_group=0)  # see procs.stop_process
-    url = f"http://127.0.0.1:{port}"
-    wait_healthy(proc, url + "/health", timeout=timeout, log_path=log_path, what="vLLM", interval=1.0)
-    return proc, url
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    stop_process(proc, signal.SIGTERM, grace=60)
-
-
-VLLM_TITLES = {"plugin streamed": "plugin: streamed / non-streamed",
-               "plugin bypass": "same server, vLLM's own streaming (bypass) / non-streamed",
-               "vllm streamed": "vLLM without the plugin: streamed / non-streamed",
-               "plugin streamed/bypass": "plugin: streamed / bypass"}
+# -- --vllm ----------------------------------------------------------------------------------------------------
 
 
 def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
-    """Two vLLM servers one after the other (never both at once): with ``--stream-transport`` (plugin: three
-    modes), then without any of our flags (vLLM alone: non-streamed and streamed); the same requests."""
-    levels = parse_levels(args.concurrency)
-    python = vllm_python(args.vllm_python)
-    extra = shlex.split(args.vllm_args)
-    server_cpus = parse_cpus(args.server_cpus) if args.server_cpus else None
-    setups = [("plugin", ["--stream-transport", args.vllm_transport, "--eloquent-keepalive", "15"], True),
-              ("vllm", [], False)]
-    results = []
-    for label, flags, expect in setups:
-        log = os.path.join(tempfile.gettempdir(), f"eloquent-bench-vllm-{label}.log")
-        print(f"starting vLLM ({label}): {python} -m eloquent_vllm.serve {args.vllm} {' '.join(extra + flags)}"
-              f"  (log {log})", flush=True)
-        proc, url = start_vllm(python, args.vllm, flags, extra, log, args.vllm_startup_timeout, cpus=server_cpus)
-        try:
-            result = measure_target(label, url, args.model, args.max_tokens, levels, args.requests,
-                                    args.rounds or 9, expect_middleware=expect, progress=_progress)
-            result["command"] = f"python -m eloquent_vllm.serve {args.vllm} {' '.join(extra + flags)}"
-            results.append(result)
-        finally:
-            stop(proc)
-    print_targets(results, levels, client_cpus=args.client_cpus, titles=VLLM_TITLES)
-    return {"vllm": args.vllm, "vllm_args": extra, "transport": args.vllm_transport, "concurrency": levels,
-            "rounds": args.rounds or 9, "cpus": os.cpu_count(), "client_cpus": args.client_cpus,
-            "server_cpus": args.server_cpus, "summary": side_by_side(results, levels), "targets": results}
+    """``--vllm MODEL``: CPU per token in vLLM's processes per streaming path (:mod:`.overhead_vllm`)."""
+    from eloquent_plugins.cli.bench.overhead_vllm import run_vllm as run
+
+    return run(args)

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 
 from eloquent_plugins.cli import numbers
+from eloquent_plugins.cli.flags import add_plot, add_progress
+from eloquent_plugins.cli.optional import needs_extra
 from eloquent_plugins.core.stall import DEFAULT_READING_PACE
 from eloquent_plugins.sim.matrix import Plan, custom_plan, quick_plan, standard_plan, with_tokens
 from eloquent_plugins.sim.report import ScenarioResult, format_table, plot, summarize_scenario, write_json
@@ -46,10 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="SECONDS",
                         help="seconds per token the QoE reader digests (Andes; default: %(default)s)")
     parser.add_argument("--jobs", type=numbers.positive, default=min(2, os.cpu_count() or 1),
-                        help="worker processes (default: %(default)s)")
+                        help="worker processes (default: 2, 1 on a one-CPU machine)")
     parser.add_argument("--json", metavar="PATH", default=None, help="write results and summary as JSON")
-    parser.add_argument("--plot", metavar="PATH", default=None, help="write a PNG of stall ratio per scheme")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_plot(parser, "write a PNG of stall ratio per scheme")
+    add_progress(parser)
+    parser.add_argument("--timeline", metavar="PATH", default=None,
+                        help="write the per-token timeline of the first stream of the first scenario (Eloquent: "
+                        "generated, every datagram and its fate, rendered) as JSON")
 
 
 def build_plan(args: argparse.Namespace) -> Plan:
@@ -113,12 +118,15 @@ def execute(plan: Plan, jobs: int = 1, progress: bool = False, pace: float = DEF
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plot:  # before the run, not after it
+        with needs_extra("bench sim --plot"):
+            import matplotlib  # noqa: F401
     plan = build_plan(args)
     extra = {RACK_TLP} if args.rack_tlp else set()
     extra |= {ELOQUENT_X2} if args.eloquent_x2 else set()
     extra |= {ELOQUENT_ADAPTIVE} if args.eloquent_adaptive else set()
     schemes = tuple(s for s in ALL_SCHEMES if s in SCHEMES or s in extra)
-    results = execute(plan, args.jobs, progress=not args.no_progress, pace=args.reading_pace, schemes=schemes)
+    results = execute(plan, args.jobs, progress=args.progress, pace=args.reading_pace, schemes=schemes)
     print(format_table(results))
     meta = {"plan": plan.name, "seeds": list(plan.seeds), "argv": sys.argv[1:], "reading_pace": args.reading_pace,
             "scenarios": len(plan.scenarios), "streams_per_scheme": len(_tasks(plan))}
@@ -128,4 +136,18 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot(args.plot, results)
         print(f"wrote {args.plot}", file=sys.stderr)
+    if args.timeline:
+        write_timeline(args.timeline, plan)
+        print(f"wrote {args.timeline}", file=sys.stderr)
     return 0
+
+
+def write_timeline(path: str, plan: Plan) -> None:
+    """``--timeline``: the same rows ``bench e2e --timeline`` writes, for one simulated stream."""
+    import json
+
+    from eloquent_plugins.sim.timeline_record import TOKEN_FIELDS, simulated_stream
+
+    entry = simulated_stream(plan.scenarios[0], plan.seeds[0], 0)
+    with open(path, "w", encoding="utf-8") as fp:
+        json.dump({"token_fields": list(TOKEN_FIELDS), "streams": [entry]}, fp, indent=1)

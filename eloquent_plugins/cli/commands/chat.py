@@ -1,7 +1,7 @@
 """``eloquent chat``: stream one answer live in the terminal, then print its stall statistics.
 
 Without ``--url`` it starts the built-in engine and the HTTP/3 front end in this process (and the lossy relay
-when ``--loss`` or ``--rtt-ms`` is given), so the statistics include the real stall ratio, computed from the
+when ``--loss`` or ``--rtt`` is given), so the statistics include the real stall ratio, computed from the
 server's generation times. Against a remote ``--url`` only the client's view exists: render gaps.
 """
 
@@ -16,9 +16,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from eloquent_plugins.cli import numbers
+from eloquent_plugins.cli.flags import add_duration
 from eloquent_plugins.core.errors import ConfigError, EloquentError
 from eloquent_plugins.core.stall import percentile, stall_metrics
-from eloquent_plugins.cli import numbers
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,8 +28,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("prompt", nargs="?", default="Tell me a story.", help="what to ask")
     parser.add_argument("--url", default=None, help="server base URL, e.g. https://127.0.0.1:8000 (default: an "
                         "in-process built-in engine)")
-    parser.add_argument("--transport", choices=("eloquent", "h3-stream", "sse"), default="eloquent",
-                        help="eloquent: HTTP/3 datagrams; h3-stream: SSE on the HTTP/3 stream; sse: HTTP/1.1 "
+    parser.add_argument("--transport", choices=("auto", "eloquent", "h3-stream", "sse"), default="auto",
+                        help="auto: HTTP/3 datagrams when UDP answers, else SSE over TCP; eloquent: HTTP/3 "
+                        "datagrams; h3-stream: SSE on the HTTP/3 stream; sse: HTTP/1.1 (default: %(default)s)")
+    parser.add_argument("--h3-port", type=numbers.port, default=None, metavar="UDP_PORT",
+                        help="UDP port of HTTP/3 (default: the server's Alt-Svc, else the URL's port number)")
+    parser.add_argument("--h3-probe-timeout", type=numbers.positive_seconds, default=1.0, metavar="SECONDS",
+                        help="auto: how long to wait for HTTP/3 before taking TCP (default: %(default)s)")
+    parser.add_argument("--stream-idle-timeout", type=numbers.positive_seconds, default=3.0, metavar="SECONDS",
+                        help="HTTP/3: silence after which the path is taken for dead and the stream resumed "
                         "(default: %(default)s)")
     parser.add_argument("--scheme", choices=("eloquent", "duplicate"), default=None,
                         help="datagram scheme to ask for (default: eloquent)")
@@ -36,26 +44,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--cafile", default=None, help="CA or certificate file to verify the server with")
     parser.add_argument("--model", default=None, help="model name (default: the server's first model)")
     parser.add_argument("--max-tokens", type=numbers.positive, default=200, help="(default: %(default)s)")
-    parser.add_argument("--pace-ms", type=numbers.milliseconds, default=None, metavar="MS",
-                        help="release text at most one event per MS milliseconds (client-side pacing)")
+    add_duration(parser, "--pace", default=None, old_ms="--pace-ms",
+                 help="release text at most one event per this many seconds (client-side pacing; default: off)")
     parser.add_argument("--timeout", type=numbers.positive_seconds, default=10.0,
                         help="seconds to connect and to get the response "
                         "headers (default: %(default)s)")
     parser.add_argument("--loss", type=numbers.loss_rate, default=0.0, help="in-process only: relay loss rate")
     parser.add_argument("--burst", type=numbers.burst, default=2.0, help="in-process only: mean loss burst")
-    parser.add_argument("--rtt-ms", type=numbers.milliseconds, default=0.0,
-                        help="in-process only: relay round-trip time")
+    add_duration(parser, "--rtt", default=0.0, old_ms="--rtt-ms",
+                 help="in-process only: relay round-trip time (default: %(default)s)")
     parser.set_defaults(func=run)
 
 
 @contextlib.asynccontextmanager
 async def _local(args: argparse.Namespace) -> AsyncIterator[tuple[str, Any, float]]:
     """In-process engine + front end (+ relay): yields (url, server, one-way delay)."""
-    from eloquent_plugins.cli.bench.e2e import Conditions, Workload, harness
+    from eloquent_plugins.cli.harness import Conditions, Workload, harness
 
-    conditions = Conditions(loss=args.loss, burst=args.burst, rtt=args.rtt_ms / 1000)
+    conditions = Conditions(loss=args.loss, burst=args.burst, rtt=args.rtt)
     async with harness(conditions, Workload(requests=1, max_tokens=args.max_tokens)) as h:
-        url = h.relay_url if (args.loss > 0 or args.rtt_ms > 0) else h.direct_url
+        url = h.relay_url if (args.loss > 0 or args.rtt > 0) else h.direct_url
         yield url, h.server, conditions.one_way
 
 
@@ -63,7 +71,7 @@ async def _chat(args: argparse.Namespace, out: Any) -> int:
     from eloquent_client import EloquentClient, Pacing
 
     verify: bool | str = args.cafile or not args.insecure
-    pacing = Pacing(interval=args.pace_ms / 1000, max_lag=2.0) if args.pace_ms else None
+    pacing = Pacing(interval=args.pace, max_lag=2.0) if args.pace else None
     async with contextlib.AsyncExitStack() as stack:
         server = None
         one_way = 0.0
@@ -72,7 +80,8 @@ async def _chat(args: argparse.Namespace, out: Any) -> int:
             url, server, one_way = await stack.enter_async_context(_local(args))
             verify = False
         client = EloquentClient(url, transport=args.transport, scheme=args.scheme, verify=verify, pacing=pacing,
-                                timeout=args.timeout)
+                                timeout=args.timeout, h3_port=args.h3_port, h3_probe_timeout=args.h3_probe_timeout,
+                                stream_idle_timeout=args.stream_idle_timeout)
         stack.push_async_callback(client.aclose)
         model = args.model
         if model is None:
@@ -91,7 +100,7 @@ async def _chat(args: argparse.Namespace, out: Any) -> int:
                 elif event.text:
                     out.write(event.text)
                     out.flush()
-            request_id, delivery = s.request_id, s.delivery
+            request_id, delivery = s.request_id, " then ".join(s.deliveries).replace("datagram", "eloquent")
         out.write("\n\n")
         _stats(out, started, rendered, delivery, server.generation_times(request_id) if server and request_id
                else None, one_way)
@@ -117,9 +126,22 @@ def _stats(out: Any, started: float, rendered: list[float], delivery: str, gener
 
 
 def run(args: argparse.Namespace) -> int:
+    import httpx
+
+    if args.url is None and args.transport == "sse":
+        raise ConfigError("--transport sse needs --url: the in-process server has only the HTTP/3 side (start "
+                          "`eloquent serve`, then --url http://127.0.0.1:8000)")
     try:
         return asyncio.run(_chat(args, sys.stdout))
-    except EloquentError:
-        raise
-    except OSError as exc:
-        raise ConfigError(f"cannot reach the server: {exc}") from None
+    except (OSError, httpx.TransportError, EloquentError) as exc:
+        raise _unreachable(args.url, exc) from None
+
+
+def _unreachable(url: str | None, exc: BaseException) -> EloquentError:
+    """One line for a server that cannot be reached; https:// to the plain-HTTP TCP side says so."""
+    text = str(exc) if isinstance(exc, EloquentError) else \
+        f"cannot reach {url or 'the server'}: {str(exc) or type(exc).__name__}"
+    if url and url.startswith("https://") and "WRONG_VERSION_NUMBER" in text:
+        text += (" (the TCP side of `eloquent serve` is plain HTTP unless it was started with --certfile: "
+                 f"--url http://{url[len('https://'):]})")
+    return exc if isinstance(exc, EloquentError) and text == str(exc) else ConfigError(text)

@@ -1,35 +1,66 @@
-"""Option names every subcommand shares, so ``serve``, ``demo``, ``bench`` and ``chat`` read the same."""
+"""The server settings' one vocabulary: ``eloquent serve`` declares them here, the vLLM plugin spells the same
+names with ``--eloquent-`` in front (:func:`eloquent_plugins.core.config.plugin_flag`), and every one reads
+``ELOQUENT_<FLAG>`` (CLI > environment > default; the machinery is :mod:`eloquent_plugins.cli.flags`)."""
 
 from __future__ import annotations
 
 import argparse
+import socket
 
+from eloquent_plugins.cli import numbers
+from eloquent_plugins.cli.flags import add_setting
 from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
-from eloquent_plugins.cli import numbers
+
+TRANSPORTS = ("none", "sse", "eloquent")
+"""Every command and adapter offers the same three: none = the app as it is, without the streaming layer."""
+_D = StreamConfig()
 
 
 def add_host_port(parser: argparse.ArgumentParser, *, port: int = 8000) -> None:
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
-    parser.add_argument("--port", type=numbers.port, default=port, help="TCP port for HTTP/SSE; the HTTP/3 front end "
-                        "uses the same number over UDP unless --eloquent-port says otherwise (default: %(default)s)")
+    add_setting(parser, "--host", default="127.0.0.1", help="address to bind")
+    add_setting(parser, "--port", type=numbers.port, default=port,
+                help="TCP port for HTTP/SSE; the HTTP/3 front end uses the same number over UDP unless "
+                "--eloquent-port says otherwise; 0 picks one number free on both")
 
 
 def add_keepalive(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--keepalive", type=numbers.seconds, default=15.0, metavar="SECONDS",
-                        help="seconds without bytes before a keep-alive; 0 turns it off (default: %(default)s)")
+    add_setting(parser, "--keepalive", type=numbers.seconds, default=_D.keepalive, metavar="SECONDS",
+                help="seconds without bytes before a keep-alive; 0 turns it off")
 
 
 def add_stream_transport(parser: argparse.ArgumentParser, *, default: str = "eloquent") -> None:
-    parser.add_argument("--stream-transport", choices=("sse", "eloquent"), default=default,
-                        help="sse: keep-alive, resume and coalescing on the SSE path only; eloquent: also the "
-                        "HTTP/3 datagram front end (default: %(default)s)")
+    add_setting(parser, "--stream-transport", choices=TRANSPORTS, default=default,
+                help="none: the app as it is; sse: keep-alive, resume and coalescing on the SSE path; eloquent: "
+                "also the HTTP/3 datagram front end on UDP")
 
 
 def add_upstream(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--upstream", metavar="KIND=URL", default=None,
-                        help="model server to front, e.g. tgi=http://127.0.0.1:3000 or triton=grpc://127.0.0.1:8001; "
-                        "none means the built-in engine")
+    add_setting(parser, "--upstream", metavar="KIND=URL", default=None, shown="the built-in engine",
+                help="model server to front, e.g. tgi=http://127.0.0.1:3000 or triton=grpc://127.0.0.1:8001")
+
+
+def add_server_settings(parser: argparse.ArgumentParser) -> None:
+    """The stream layer's settings, the ones the vLLM plugin also takes (prefixed)."""
+    add_setting(parser, "--eloquent-port", type=numbers.port, default=None, metavar="UDP_PORT",
+                shown="the --port number", help="UDP port of the HTTP/3 front end (only with --stream-transport "
+                "eloquent)")
+    add_setting(parser, "--certfile", default=None, metavar="PEM", shown="plain HTTP; HTTP/3 uses a generated "
+                "development certificate", help="TLS certificate: HTTPS on TCP and HTTP/3 on UDP from the same files")
+    add_setting(parser, "--keyfile", default=None, metavar="PEM", shown="the key in --certfile",
+                help="TLS private key for --certfile")
+    add_setting(parser, "--resume-store", default=_D.resume_store, metavar="URL",
+                help="memory:// or redis://host:port/db to share resumable streams across replicas")
+    add_setting(parser, "--no-resume", action="store_true", default=False, help="turn off event ids and resume")
+    add_setting(parser, "--body-timeout", type=numbers.seconds, default=_D.body_timeout, metavar="SECONDS",
+                help="answer 408 and stop the request when its body stalls this long, HTTP/1.1 and HTTP/3; "
+                "0 turns it off")
+    add_setting(parser, "--max-streams-per-client", type=numbers.count, default=_D.max_streams_per_client,
+                metavar="N", help="live SSE streams one caller (credentials, else client IP) may hold; above it "
+                "429; 0 = unlimited")
+    add_setting(parser, "--cors-origin", default=None, metavar="ORIGINS", shown="no CORS headers",
+                help="let browser pages on these origins (comma-separated, or *) call the API: answers preflights "
+                "and exposes the x-eloquent-stream header")
 
 
 def add_all(parser: argparse.ArgumentParser, *, port: int = 8000, transport: str = "eloquent") -> None:
@@ -40,13 +71,45 @@ def add_all(parser: argparse.ArgumentParser, *, port: int = 8000, transport: str
 
 
 def stream_config(args: argparse.Namespace, **overrides: object) -> StreamConfig:
-    """Environment (``ELOQUENT_*``) first, then the shared flags that were given."""
+    """The shared settings (already resolved CLI > environment > default) over ``StreamConfig.from_env``."""
     values: dict[str, object] = {}
-    for name in ("keepalive", "stream_transport"):
+    for name in ("keepalive", "eloquent_port", "certfile", "keyfile", "resume_store", "header_timeout",
+                 "body_timeout", "max_streams_per_client"):
         if getattr(args, name, None) is not None:
             values[name] = getattr(args, name)
+    transport = getattr(args, "stream_transport", None)
+    if transport is not None:
+        values["stream_transport"] = "sse" if transport == "none" else transport
+    if getattr(args, "no_resume", False):
+        values["resume"] = False
     values.update(overrides)
     try:
         return StreamConfig.from_env(**values)
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
+
+
+def check_combination(args: argparse.Namespace) -> None:
+    """Refuse settings that would be silently ignored."""
+    if getattr(args, "eloquent_port", None) is not None and args.stream_transport != "eloquent":
+        raise ConfigError(f"--eloquent-port (ELOQUENT_ELOQUENT_PORT) is the HTTP/3 front end's UDP port: it needs "
+                          f"--stream-transport eloquent, not {args.stream_transport}")
+    if getattr(args, "keyfile", None) is not None and getattr(args, "certfile", None) is None:
+        raise ConfigError("--keyfile needs --certfile")
+
+
+def free_port_pair(host: str, attempts: int = 50) -> int:
+    """One port number free on both TCP and UDP at ``host`` (``--port 0``: clients rely on one number)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for _ in range(attempts):
+        with socket.socket(family, socket.SOCK_STREAM) as tcp:
+            tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            tcp.bind((host, 0))
+            port = tcp.getsockname()[1]
+            with socket.socket(family, socket.SOCK_DGRAM) as udp:
+                try:
+                    udp.bind((host, port))
+                except OSError:
+                    continue
+                return int(port)
+    raise ConfigError(f"no port number free on both TCP and UDP at {host} after {attempts} tries")

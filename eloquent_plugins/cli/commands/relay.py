@@ -1,6 +1,7 @@
 """``eloquent relay``: a lossy, delaying UDP relay on loopback (netem in user space), one path per direction.
 
-``--loss/--burst/--delay-ms/--jitter-ms/--trace/--bandwidth-kbps/--loss-schedule`` set both directions;
+``--loss/--burst/--delay/--jitter/--trace/--bandwidth-kbps/--loss-schedule`` set both directions (durations in
+seconds; the old ``--delay-ms/--jitter-ms`` spellings still take milliseconds);
 ``--up-*`` (client to server) and ``--down-*`` (server to client) override one direction.
 """
 
@@ -10,16 +11,17 @@ import argparse
 import asyncio
 import sys
 
+from eloquent_plugins.cli import numbers
+from eloquent_plugins.cli.flags import add_ms_alias
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.sim.netem import PathConfig, load_trace, parse_loss_schedule, parse_outage
 from eloquent_plugins.sim.udp_relay import RelayConfig, parse_hostport, start_relay
-from eloquent_plugins.cli import numbers
 
 _PATH_OPTIONS = (
     ("loss", numbers.loss_rate, "long-run loss rate in [0, 1)"),
     ("burst", numbers.burst, "mean loss-burst length in packets (Gilbert-Elliott; 1 = independent losses)"),
-    ("delay-ms", numbers.milliseconds, "one-way delay in ms"),
-    ("jitter-ms", numbers.milliseconds, "mean extra delay in ms (uniform 0..2x)"),
+    ("delay", numbers.seconds, "one-way delay in seconds"),
+    ("jitter", numbers.seconds, "mean extra delay in seconds (uniform 0..2x)"),
     ("bandwidth-kbps", numbers.kbps, "bottleneck in kbit/s"),
     ("trace", str, "loss/delay trace file (format: eloquent_plugins/sim/netem/trace.py)"),
     ("loss-schedule", str, 'loss over time, "T:LOSS,T:LOSS" in seconds, e.g. "0:0.3,10:0.0"'),
@@ -37,6 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         for name, kind, text in _PATH_OPTIONS:
             group.add_argument(f"--{prefix}{name}", type=kind, default=None,
                                help=text)
+            if name in ("delay", "jitter"):
+                add_ms_alias(group, f"--{prefix}{name}-ms", f"--{prefix}{name}")
     parser.add_argument("--outage", action="append", default=[], metavar="START:DURATION",
                         help="drop everything both ways from START for DURATION seconds; repeatable")
     parser.add_argument("--reorder", action="store_true",
@@ -53,8 +57,8 @@ def _direction(args: argparse.Namespace, prefix: str, reorder: bool) -> PathConf
         return own if own is not None else getattr(args, name.replace("-", "_"))
 
     values: dict[str, object] = {"reorder": reorder}
-    for name, key, scale in (("loss", "loss", 1.0), ("burst", "burst", 1.0), ("delay-ms", "delay", 1e-3),
-                             ("jitter-ms", "jitter", 1e-3), ("bandwidth-kbps", "bandwidth", 1e3)):
+    for name, key, scale in (("loss", "loss", 1.0), ("burst", "burst", 1.0), ("delay", "delay", 1.0),
+                             ("jitter", "jitter", 1.0), ("bandwidth-kbps", "bandwidth", 1e3)):
         value = pick(name)
         if value is not None:
             values[key] = float(value) * scale  # type: ignore[arg-type]

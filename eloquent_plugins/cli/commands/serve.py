@@ -6,10 +6,23 @@ import argparse
 import asyncio
 import gc
 import logging
+import logging.config
 
-from eloquent_plugins.core.hooks.manager import create_plugin_manager
 from eloquent_plugins.cli import numbers
-from eloquent_plugins.cli.commands.common import add_all, stream_config
+from eloquent_plugins.cli.commands.common import (
+    add_all,
+    add_server_settings,
+    check_combination,
+    free_port_pair,
+    stream_config,
+)
+from eloquent_plugins.cli.flags import add_setting, command
+from eloquent_plugins.cli.optional import needs_extra
+from eloquent_plugins.cli.preflight import check_tcp_port, listen_error, warn_unreachable
+from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.core.hooks.manager import create_plugin_manager
+from eloquent_plugins.transports.access_log import log_config
+from eloquent_plugins.transports.telemetry import configure_from_env
 
 log = logging.getLogger("eloquent.serve")
 
@@ -17,39 +30,28 @@ log = logging.getLogger("eloquent.serve")
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("serve", help="serve the built-in engine or front an upstream model server")
     add_all(parser)
-    parser.add_argument("--eloquent-port", type=numbers.port, default=None, metavar="UDP_PORT",
-                        help="UDP port of the HTTP/3 front end (default: same number as --port)")
-    parser.add_argument("--certfile", default=None, help="TLS certificate for HTTP/3 (default: a development "
-                        "certificate generated on first use)")
-    parser.add_argument("--keyfile", default=None, help="TLS private key for HTTP/3")
-    parser.add_argument("--resume-store", default=None, metavar="URL",
-                        help="memory:// (default) or redis://host:port/db to share resumable streams across replicas")
-    parser.add_argument("--no-resume", action="store_true", help="turn off event ids and resume")
-    parser.add_argument("--header-timeout", type=numbers.seconds, default=None, metavar="SECONDS",
-                        help="HTTP/1.1: close a connection whose request line and headers are not in within this "
-                        "many seconds (408); 0 turns it off (default: ELOQUENT_HEADER_TIMEOUT or 30)")
-    parser.add_argument("--body-timeout", type=numbers.seconds, default=None, metavar="SECONDS",
-                        help="answer 408 and stop the request when its body stalls this long, HTTP/1.1 and HTTP/3; "
-                        "0 turns it off (default: ELOQUENT_BODY_TIMEOUT or 30)")
-    parser.add_argument("--max-streams-per-client", type=numbers.count, default=None, metavar="N",
-                        help="live SSE streams one caller (credentials, else client IP) may hold; above it 429; "
-                        "0 = unlimited (default: ELOQUENT_MAX_STREAMS_PER_CLIENT or 0)")
-    parser.add_argument("--tpot", type=numbers.seconds, default=0.03, help="built-in engine: seconds per output token")
-    parser.add_argument("--ttft", type=numbers.seconds, default=0.2,
-                        help="built-in engine: seconds before the first token")
-    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    parser.set_defaults(func=run)
+    add_server_settings(parser)
+    add_setting(parser, "--header-timeout", type=numbers.seconds, default=StreamConfig().header_timeout,
+                metavar="SECONDS", help="HTTP/1.1: close a connection whose request line and headers are not in "
+                "within this many seconds (408); 0 turns it off")
+    add_setting(parser, "--tpot", type=numbers.seconds, default=0.03, metavar="SECONDS",
+                help="built-in engine: seconds per output token")
+    add_setting(parser, "--ttft", type=numbers.seconds, default=0.2, metavar="SECONDS",
+                help="built-in engine: seconds before the first token")
+    add_setting(parser, "--quic-retry", choices=("auto", "always", "off"), default="auto",
+                help="HTTP/3 stateless Retry (address validation): under load, always, or never")
+    add_setting(parser, "--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                help="server log level")
+    command(parser, run)
 
 
 def run(args: argparse.Namespace) -> int:
-    overrides: dict[str, object] = {"eloquent_port": args.eloquent_port, "certfile": args.certfile,
-                                    "keyfile": args.keyfile, "resume_store": args.resume_store,
-                                    "header_timeout": args.header_timeout, "body_timeout": args.body_timeout,
-                                    "max_streams_per_client": args.max_streams_per_client}
-    if args.no_resume:
-        overrides["resume"] = False
-    config = stream_config(args, **overrides)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    check_combination(args)
+    if args.port == 0 and args.stream_transport == "eloquent" and args.eloquent_port is None:
+        args.port = free_port_pair(args.host)  # one number for TCP and UDP: clients rely on it
+    config = stream_config(args)
+    logging.config.dictConfig(log_config(args.log_level))  # one format for ours, uvicorn's and the access lines
+    configure_from_env()  # OTEL_TRACES_EXPORTER=console|otlp: spans per stream (transports.telemetry)
     return asyncio.run(serve(args, config))
 
 
@@ -57,23 +59,44 @@ async def serve(args: argparse.Namespace, config) -> int:  # type: ignore[no-unt
     import uvicorn
 
     from eloquent_plugins.cli.app_factory import build_app
+    from eloquent_plugins.transports.alt_svc import AltSvcMiddleware
     from eloquent_plugins.transports.request_timeouts import header_timeout_protocol
 
     pm = create_plugin_manager()
-    app = build_app(config, pm, upstream=args.upstream, engine_options={"tpot": args.tpot, "ttft": args.ttft})
+    with needs_extra(f"--upstream {args.upstream}" if args.upstream else "eloquent serve"):
+        if args.stream_transport == "none":  # the app as it is, without the streaming layer (a baseline)
+            app = _bare_app(config, pm, args)
+        else:
+            app = build_app(config, pm, upstream=args.upstream, engine_options={"tpot": args.tpot, "ttft": args.ttft})
+    if args.cors_origin:  # outermost: preflights never reach the app; both transports expose the stream id
+        from eloquent_plugins.transports.cors import CorsMiddleware
+
+        app = CorsMiddleware(app, args.cors_origin)
+    await check_tcp_port(args.host, args.port)
+    tcp_app = AltSvcMiddleware(app, None)  # TCP responses advertise the HTTP/3 port once it is bound (below)
     # http=: uvicorn's h11 protocol plus a header-read deadline (uvicorn has none); keep-alive idle stays uvicorn's.
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+    server = uvicorn.Server(uvicorn.Config(tcp_app, host=args.host, port=args.port, log_level=args.log_level,
+                                           log_config=log_config(args.log_level),
                                            lifespan="auto", timeout_graceful_shutdown=5,
-                                           http=header_timeout_protocol(config.header_timeout)))
+                                           # a certificate: HTTPS on TCP from the files HTTP/3 serves (browsers
+                                           # honour Alt-Svc only over HTTPS)
+                                           ssl_certfile=config.certfile, ssl_keyfile=config.keyfile,
+                                           http=header_timeout_protocol(config.header_timeout, config.socket_send_buffer)))
     h3 = None
     if config.stream_transport == "eloquent":
-        from eloquent_plugins.transports.http3.server import start_http3_server
+        from eloquent_plugins.transports.http3.server import FrontEndOptions, start_http3_server
 
         udp_port = config.eloquent_port if config.eloquent_port is not None else args.port
-        h3 = await start_http3_server(app, host=args.host, port=udp_port, config=config, plugin_manager=pm)
+        try:
+            h3 = await start_http3_server(app, host=args.host, port=udp_port, config=config, plugin_manager=pm,
+                                          options=FrontEndOptions.from_env(retry=args.quic_retry))
+        except OSError as exc:  # certificate trouble is a ConfigError already: this is the bind
+            raise listen_error(exc, "udp", args.host, udp_port) from None
         log.info("HTTP/3 (Eloquent datagrams) on udp://%s:%s", args.host, h3.port)
+        tcp_app.port = h3.port
     # Everything built so far (modules, the app, the engine's corpus) lives as long as the process: move it out of
     # the collector's sight, so a full collection under load scans only the streams' own objects (shorter pauses).
+    await warn_unreachable(args.upstream)
     gc.collect()
     gc.freeze()
     try:
@@ -82,3 +105,16 @@ async def serve(args: argparse.Namespace, config) -> int:  # type: ignore[no-unt
         if h3 is not None:
             await h3.close()
     return 0
+
+
+def _bare_app(config, pm, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """``--stream-transport none``: the engine or the upstream gateway alone (what the plugin's none means)."""
+    if args.upstream:
+        from eloquent_plugins.core.hooks.manager import upstream_kind
+        from eloquent_plugins.core.upstream import parse_upstream
+
+        kind, url = parse_upstream(args.upstream)
+        return upstream_kind(pm, kind).create_app(url, config)
+    from eloquent_plugins.engine import EngineConfig, create_engine_app
+
+    return create_engine_app(EngineConfig(tpot=args.tpot, ttft=args.ttft))

@@ -37,8 +37,11 @@ class Codec(Protocol):
     def read(self, obj: Any) -> EventView:
         """Read one event already decoded from JSON (saves a second parse when the caller has it)."""
 
-    def error_payload(self, message: str, *, error_type: str = "EngineError", status: int = 500) -> bytes:
-        """An in-band error event in the format's own shape."""
+    def error_payload(self, message: str, *, error_type: str = "EngineError", status: int = 500,
+                      code: str | int | None = None) -> bytes:
+        """An error in the format's own shape: an in-band error event, or the JSON body of an error response.
+        ``code`` is a machine-readable reason (``stream_not_found``) where the format has a field for it
+        (OpenAI's ``code``, else the status goes there); formats without one ignore it."""
 
     def end_payloads(self) -> tuple[bytes, ...]:
         """Events that close a stream in this format after an error (OpenAI: ``[DONE]``)."""

@@ -48,8 +48,10 @@ class OpenAICodec:
         return EventView(text="".join(text), token_ids=tuple(token_ids), finish_reason=finish,
                          usage=usage if isinstance(usage, dict) else None)
 
-    def error_payload(self, message: str, *, error_type: str = "EngineError", status: int = 500) -> bytes:
-        return dump_json({"error": {"message": message, "type": error_type, "param": None, "code": status}})
+    def error_payload(self, message: str, *, error_type: str = "EngineError", status: int = 500,
+                      code: str | int | None = None) -> bytes:
+        return dump_json({"error": {"message": message, "type": error_type, "param": None,
+                                    "code": status if code is None else code}})
 
     def end_payloads(self) -> tuple[bytes, ...]:
         return (DONE,)

@@ -42,6 +42,7 @@ class CodecRouter:
                 self._cache[path] = codec
         return codec
 
-    def error_body(self, path: str, message: str, *, error_type: str, status: int) -> bytes:
+    def error_body(self, path: str, message: str, *, error_type: str, status: int,
+                   code: str | int | None = None) -> bytes:
         """The JSON body of an error response (or in-band error event) on ``path``, in its codec's shape."""
-        return self.for_path(path).error_payload(message, error_type=error_type, status=status)
+        return self.for_path(path).error_payload(message, error_type=error_type, status=status, code=code)

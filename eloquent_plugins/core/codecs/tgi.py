@@ -33,7 +33,8 @@ class TGICodec:
                          token_ids=(token_id,) if isinstance(token_id, int) else (),
                          finish_reason=str(finish) if finish is not None else None, usage=usage)
 
-    def error_payload(self, message: str, *, error_type: str = "generation", status: int = 500) -> bytes:
+    def error_payload(self, message: str, *, error_type: str = "generation", status: int = 500,
+                      code: str | int | None = None) -> bytes:
         # TGI's own error types: validation, generation, overloaded, incomplete_generation, tokenizer.
         return dump_json({"error": message, "error_type": error_type})
 

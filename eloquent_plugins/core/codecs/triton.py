@@ -29,7 +29,8 @@ class TritonCodec:
                 return EventView(text="".join(value))
         return EventView()
 
-    def error_payload(self, message: str, *, error_type: str = "", status: int = 500) -> bytes:
+    def error_payload(self, message: str, *, error_type: str = "", status: int = 500,
+                      code: str | int | None = None) -> bytes:
         return dump_json({"error": message})
 
     def end_payloads(self) -> tuple[bytes, ...]:

@@ -83,7 +83,7 @@ class StreamHooks:
         """Run transforms in pluggy's call order, then observers; return the event to send."""
         for transform, argnames in self._transforms:
             args = {"stream": self.stream, "event": event}
-            replacement = transform(*[args[name] for name in argnames])
+            replacement: Any = transform(*[args[name] for name in argnames])  # bytes-like or None
             if replacement is not None:
                 event = StreamEvent(event.index, bytes(replacement), event.kind)
         if self._observe:

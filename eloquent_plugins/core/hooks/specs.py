@@ -1,8 +1,12 @@
-"""The token-stream output hook: every hook a plugin can implement, in one place (as pytest does).
+"""The core hooks a plugin can implement, in one place (as pytest does); transports add their own (below).
 
 Plugins register through the ``eloquent_plugins`` entry-point group; each entry point names a module or object
 holding ``@hookimpl`` functions. Observers return nothing; ``eloquent_transform_event`` may replace an
 event's payload; the ``eloquent_register_*`` hooks each return a list of things to add.
+
+A transport with hooks of its own adds their specs to the manager itself (``pm.add_hookspecs``), as pytest
+plugins do, so the core never imports a transport: ``eloquent_register_resume_stores`` lives in
+``transports/resume/hooks.py``.
 """
 
 from __future__ import annotations
@@ -69,12 +73,3 @@ def eloquent_register_codecs() -> list[Codec]:  # type: ignore[empty-body]
 def eloquent_register_upstreams() -> list[UpstreamKind]:  # type: ignore[empty-body]
     """Upstream kinds for ``--upstream KIND=URL``."""
 
-
-@hookspec
-def eloquent_register_resume_stores() -> list[Any]:  # type: ignore[empty-body]
-    """Resume store factories: objects with ``scheme`` (URL scheme) and ``create(url, config)``."""
-
-
-@hookspec
-def eloquent_register_transports() -> list[Any]:  # type: ignore[empty-body]
-    """Transports: objects with ``name`` and ``start(app, config)`` returning an async-closable handle."""

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from enum import Enum, auto
 
+from eloquent_plugins.core.checks import require_finite
 from eloquent_plugins.core.errors import ConfigError
 
 
@@ -23,8 +25,7 @@ class GilbertElliott:
     def __post_init__(self) -> None:
         if not 0.0 <= self.loss < 1.0:
             raise ConfigError(f"loss rate must be in [0, 1), got {self.loss}")
-        if self.burst < 1.0:
-            raise ConfigError(f"mean burst length must be >= 1 packet, got {self.burst}")
+        require_finite("mean burst length (packets)", self.burst, minimum=1.0)
         if self.p_good_to_bad > 1.0:
             raise ConfigError(f"loss {self.loss} is unreachable with mean burst {self.burst}: "
                               f"it needs loss <= burst / (burst + 1) = {self.burst / (self.burst + 1):.3f}")
@@ -38,36 +39,52 @@ class GilbertElliott:
         return self.loss * self.p_bad_to_good / (1.0 - self.loss)
 
 
+class ChainState(Enum):
+    """Where one walk of the chain stands: one state at a time (was two booleans, ``bad`` and ``_started``)."""
+
+    UNSTARTED = auto()
+    """No packet yet: the first one draws from the stationary distribution."""
+    GOOD = auto()
+    BAD = auto()
+
+
 class LossProcess:
     """One packet stream's walk through the Gilbert-Elliott chain; the parameters may change mid-stream
     (a loss schedule) while the state carries on. Owns no randomness: the caller's seeded ``rng`` drives it."""
 
-    __slots__ = ("model", "bad", "_rng", "_started")
+    __slots__ = ("model", "state", "_rng")
 
     def __init__(self, model: GilbertElliott, rng: random.Random) -> None:
         self.model = model
         self._rng = rng
-        self.bad = False
-        self._started = False
+        self.state = ChainState.UNSTARTED
+
+    @property
+    def bad(self) -> bool:
+        return self.state is ChainState.BAD
+
+    @bad.setter
+    def bad(self, bad: bool) -> None:
+        """Put the walk in Bad or Good (it counts as started)."""
+        self.state = ChainState.BAD if bad else ChainState.GOOD
 
     def resume(self, bad: bool) -> None:
         """Continue from a known state instead of a stationary draw (a chain branching off another one)."""
         self.bad = bad
-        self._started = True
 
     def lost(self, steps: int = 1) -> bool:
         """Advance ``steps`` packet slots (1 per packet; more after a silence) and say whether this one is lost."""
         model = self.model
         if model.loss <= 0.0:
-            self.bad = False
-            self._started = True
+            self.state = ChainState.GOOD
             return False
-        if not self._started:
-            self._started = True
-            self.bad = self._rng.random() < model.loss  # start in the stationary distribution
-            return self.bad
-        # n-step transition of the two-state chain: the memory term (1 - p - r)^n fades towards the loss rate.
-        memory = (1.0 - model.p_good_to_bad - model.p_bad_to_good) ** max(1, steps)
-        p_bad = model.loss + (1.0 - model.loss) * memory if self.bad else model.loss * (1.0 - memory)
-        self.bad = self._rng.random() < p_bad
-        return self.bad
+        if self.state is ChainState.UNSTARTED:
+            bad = self._rng.random() < model.loss  # start in the stationary distribution
+        else:
+            # n-step transition of the two-state chain: the memory term (1 - p - r)^n fades towards the loss rate.
+            memory = (1.0 - model.p_good_to_bad - model.p_bad_to_good) ** max(1, steps)
+            p_bad = (model.loss + (1.0 - model.loss) * memory if self.state is ChainState.BAD
+                     else model.loss * (1.0 - memory))
+            bad = self._rng.random() < p_bad
+        self.state = ChainState.BAD if bad else ChainState.GOOD
+        return bad

@@ -9,11 +9,10 @@ with the packets before (common random numbers: schemes are compared on the same
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 
-from eloquent_plugins.core.errors import ConfigError
+from eloquent_plugins.core.checks import require_finite
 from eloquent_plugins.sim.netem.gilbert import GilbertElliott, LossProcess
 from eloquent_plugins.sim.netem.schedule import LossSchedule, Outage
 from eloquent_plugins.sim.netem.trace import Trace
@@ -42,13 +41,12 @@ class PathConfig:
     True: each packet takes its own delay, so jitter can reorder them."""
 
     def __post_init__(self) -> None:
-        # `not 0 <= x < inf` rather than `x < 0`: NaN passes every comparison and would poison the clock.
-        if not (0 <= self.delay < math.inf and 0 <= self.jitter < math.inf):
-            raise ConfigError(f"delay and jitter must be finite and >= 0, got {self.delay} and {self.jitter}")
-        if self.slot is not None and not 0 < self.slot < math.inf:
-            raise ConfigError(f"slot must be > 0 seconds, got {self.slot}")
-        if self.bandwidth is not None and not 0 < self.bandwidth < math.inf:
-            raise ConfigError(f"bandwidth must be > 0 bits/s, got {self.bandwidth}")
+        require_finite("delay (seconds)", self.delay)
+        require_finite("jitter (seconds)", self.jitter)
+        if self.slot is not None:
+            require_finite("slot (seconds)", self.slot, strict=True)
+        if self.bandwidth is not None:
+            require_finite("bandwidth (bits/s)", self.bandwidth, strict=True)
         GilbertElliott(self.loss, self.burst)  # validates the pair
         if self.loss_schedule is not None:
             for _, loss in self.loss_schedule.points:
@@ -78,7 +76,7 @@ class PathStats:
 
 class Link:
     """What happens after the loss decision: a FIFO bottleneck, then delay plus jitter, in order unless
-    ``reorder``. Shared by ``PathModel`` and ``SlottedPath``."""
+    ``reorder``. Shared by ``PathModel`` and ``SlottedPath`` (through ``deliver``)."""
 
     __slots__ = ("config", "_link_free", "_last_arrival")
 
@@ -103,6 +101,29 @@ class Link:
         return arrival
 
 
+def deliver(config: PathConfig, link: Link, stats: PathStats, now: float, size: int, *, lost: bool,
+            trace_u: float, jitter_u: float) -> float | None:
+    """The drop/delay decision both path models share, once a packet's random draws are made: ``lost`` from the
+    loss chain, ``trace_u`` (against the trace's loss) and ``jitter_u`` uniform in [0, 1). Counts the packet in
+    ``stats``; returns its arrival time, or None if an outage, the chain or the trace drops it."""
+    stats.packets += 1
+    stats.bytes += size
+    delay = config.delay
+    if config.trace is not None:
+        record = config.trace.at(now)
+        lost = lost or trace_u < record.loss
+        if record.delay is not None:
+            delay = record.delay
+    departure = link.depart(now, size)
+    if config.in_outage(now):
+        stats.outage_drops += 1
+        return None
+    if lost:
+        stats.lost += 1
+        return None
+    return link.arrive(departure, delay, jitter_u * 2 * config.jitter)
+
+
 class PathModel:
     """Stateful walk of one direction. ``now`` is seconds since the path started (the schedules' clock)."""
 
@@ -120,8 +141,6 @@ class PathModel:
     def transmit(self, now: float, size: int) -> float | None:
         """Offer a ``size``-byte packet at ``now``; return its arrival time, or None if the path drops it."""
         cfg = self.config
-        self.stats.packets += 1
-        self.stats.bytes += size
         loss = cfg.config_loss(now)
         if loss != self._loss.model.loss:
             self._loss.model = GilbertElliott(loss, cfg.burst)
@@ -130,18 +149,6 @@ class PathModel:
             steps = max(1, int((now - self._last_send) / cfg.slot + 0.5))
         self._last_send = now
         lost = self._loss.lost(steps)
-        delay = cfg.delay
-        if cfg.trace is not None:
-            record = cfg.trace.at(now)
-            lost = (self._trace_rng.random() < record.loss) or lost
-            if record.delay is not None:
-                delay = record.delay
-        extra = self._jitter_rng.random() * 2 * cfg.jitter if cfg.jitter > 0 else 0.0
-        departure = self._link.depart(now, size)
-        if cfg.in_outage(now):
-            self.stats.outage_drops += 1
-            return None
-        if lost:
-            self.stats.lost += 1
-            return None
-        return self._link.arrive(departure, delay, extra)
+        trace_u = self._trace_rng.random() if cfg.trace is not None else 1.0
+        jitter_u = self._jitter_rng.random() if cfg.jitter > 0 else 0.0
+        return deliver(cfg, self._link, self.stats, now, size, lost=lost, trace_u=trace_u, jitter_u=jitter_u)

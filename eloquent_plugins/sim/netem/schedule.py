@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import bisect
-import math
 from dataclasses import dataclass
 
+from eloquent_plugins.core.checks import require_finite
 from eloquent_plugins.core.errors import ConfigError
 
 
@@ -43,9 +43,7 @@ def _float(text: str, what: str, spec: str) -> float:
         value = float(text)
     except ValueError:
         raise ConfigError(f"{what} must be a number in {spec!r}, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{what} must be a finite number >= 0 in {spec!r}, got {text!r}")
-    return value
+    return require_finite(f"{what} in {spec!r}", value)
 
 
 def parse_outage(spec: str) -> Outage:

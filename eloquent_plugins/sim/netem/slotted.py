@@ -17,8 +17,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.sim.netem.gilbert import GilbertElliott, LossProcess
-from eloquent_plugins.sim.netem.path import Link, PathConfig, PathStats
+from eloquent_plugins.sim.netem.path import Link, PathConfig, PathStats, deliver
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +32,7 @@ class _Draw:
 class SlottedPath:
     def __init__(self, config: PathConfig, seed: int, slots: Sequence[float], tail_step: float) -> None:
         if not slots or list(slots) != sorted(slots) or tail_step <= 0:
-            raise ValueError("slots must be a non-empty increasing sequence and tail_step > 0")
+            raise ConfigError("slots must be a non-empty increasing sequence and tail_step > 0")
         self.config = config
         self.stats = PathStats()
         self._seed = seed
@@ -84,25 +85,9 @@ class SlottedPath:
         return draws[c]
 
     def transmit(self, now: float, size: int) -> float | None:
-        cfg = self.config
-        self.stats.packets += 1
-        self.stats.bytes += size
         j = self.slot_of(now)
         c = self._used.get(j, 0)
         self._used[j] = c + 1
         draw = self._draw(j, c)
-        lost = draw.lost
-        delay = cfg.delay
-        if cfg.trace is not None:
-            record = cfg.trace.at(now)
-            lost = lost or draw.trace_u < record.loss
-            if record.delay is not None:
-                delay = record.delay
-        departure = self._link.depart(now, size)
-        if cfg.in_outage(now):
-            self.stats.outage_drops += 1
-            return None
-        if lost:
-            self.stats.lost += 1
-            return None
-        return self._link.arrive(departure, delay, draw.jitter_u * 2 * cfg.jitter)
+        return deliver(self.config, self._link, self.stats, now, size, lost=draw.lost, trace_u=draw.trace_u,
+                       jitter_u=draw.jitter_u)

@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from eloquent_plugins.core.checks import require_finite
 from eloquent_plugins.core.errors import ConfigError
 
 
@@ -66,9 +67,7 @@ def _number(text: str, what: str, where: str) -> float:
         value = float(text)
     except ValueError:
         raise TraceError(f"{where}: {what} must be a number, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise TraceError(f"{where}: {what} must be a finite number >= 0, got {text!r}")
-    return value
+    return require_finite(f"{where}: {what}", value, error=TraceError)
 
 
 def parse_trace(text: str, source: str = "<trace>") -> Trace:

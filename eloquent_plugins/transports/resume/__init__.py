@@ -1,12 +1,19 @@
 """Replay stores for resumable SSE: ``memory://`` (embedded default) and ``redis://`` (shared by replicas).
 
-Factories are registered through the ``eloquent_register_resume_stores`` hook; ``create_store`` picks one by the
-URL scheme of ``StreamConfig.resume_store``.
+``create_store`` picks a factory by the URL scheme of ``StreamConfig.resume_store``. The precedence is fixed,
+never left to the order entry points load in:
+
+1. a plugin factory (the ``eloquent_register_resume_stores`` hook, ``resume.hooks``) that takes the scheme wins;
+   two plugin factories taking the scheme in use are a ``ConfigError``;
+2. otherwise the built-in store for the scheme (``memory``; ``redis``, ``rediss``, ``unix``).
+
+Plugins come first because ``StreamConfig`` (core, which cannot know plugins) admits only the built-in schemes:
+replacing a built-in store is the one thing a store plugin can do.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
 
 from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
@@ -22,25 +29,36 @@ class RedisStoreFactory:
 
     def create(self, url: str, config: StreamConfig) -> ResumeStore:
         try:
-            from eloquent_plugins.transports.resume.redis_store import RedisStore
-        except ImportError as exc:  # pragma: no cover - depends on the installation
-            raise ConfigError(f"{url!r} needs the redis package: pip install 'eloquent-plugins[redis]' ({exc})") \
-                from None
+            import redis.asyncio  # noqa: F401 - optional: fail here with the extra's name, not in the store
+        except ModuleNotFoundError as exc:
+            raise ConfigError(f"--resume-store {url.partition('://')[0]}:// needs the [redis] extra (no module "
+                              f"named {exc.name!r}): pip install 'eloquent-plugins[redis]'") from None
+        from eloquent_plugins.transports.resume.redis_store import RedisStore
+
         return RedisStore(url, ttl=config.resume_ttl)
 
 
-BUILTIN_STORE_FACTORIES: tuple[Any, ...] = (MemoryStoreFactory(), RedisStoreFactory())
+BUILTIN_STORE_FACTORIES: tuple[StoreFactory, ...] = (MemoryStoreFactory(), RedisStoreFactory())
 
 
-def create_store(config: StreamConfig, factories: list[Any] | tuple[Any, ...] = ()) -> ResumeStore:
-    """The store for ``config.resume_store``: plugin factories first, then the built-in ones."""
+def _takes(factory: StoreFactory, scheme: str) -> bool:
+    return scheme == factory.scheme or scheme in getattr(factory, "schemes", ())
+
+
+def create_store(config: StreamConfig, factories: Iterable[StoreFactory] = ()) -> ResumeStore:
+    """The store for ``config.resume_store``: the one plugin factory in ``factories`` that takes the scheme,
+    else the built-in one (see the module docstring for the rule)."""
     url = config.resume_store
     scheme = url.partition("://")[0].lower()
-    for factory in (*factories, *BUILTIN_STORE_FACTORIES):
-        if scheme == factory.scheme or scheme in getattr(factory, "schemes", ()):
+    claimants = list({id(f): f for f in factories if _takes(f, scheme)}.values())
+    if len(claimants) > 1:
+        names = ", ".join(sorted(type(f).__qualname__ for f in claimants))
+        raise ConfigError(f"several resume store plugins take scheme {scheme!r} ({names}); uninstall all but one")
+    for factory in (*claimants, *BUILTIN_STORE_FACTORIES):
+        if _takes(factory, scheme):
             return factory.create(url, config)
     raise ConfigError(f"no resume store for {url!r} (scheme {scheme!r})")
 
 
-__all__ = ["BUILTIN_STORE_FACTORIES", "MemoryStore", "ReplaySource", "ResumeStore", "StoreFactory", "StreamMeta",
-           "create_store"]
+__all__ = ["BUILTIN_STORE_FACTORIES", "MemoryStore", "RedisStoreFactory", "ReplaySource", "ResumeStore",
+           "StoreFactory", "StreamMeta", "create_store"]

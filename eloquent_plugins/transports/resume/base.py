@@ -102,12 +102,23 @@ class ResumeStore(ABC):
         A timestamp rather than a yes/no, so that a producer deciding whether a stream is abandoned does not
         depend on *when* it manages to look (a busy event loop may look late)."""
 
+    def held_bytes(self) -> int:
+        """Bytes of finished streams this store keeps in this process's memory (live streams are counted by the
+        middleware that produces them); part of ``StreamConfig.max_held_bytes``."""
+        return 0
+
+    def shed(self, nbytes: int) -> int:
+        """Drop finished streams kept in this process, oldest first, until ``nbytes`` are freed (the memory
+        budget is reached); returns the bytes freed. A resume of one then gets 404, as after its TTL."""
+        return 0
+
     async def aclose(self) -> None:
         return None
 
 
 class StoreFactory(Protocol):
-    """What ``eloquent_register_resume_stores`` returns: a URL scheme and a constructor."""
+    """What ``eloquent_register_resume_stores`` (``resume.hooks``) returns: a URL scheme and a constructor. A
+    factory taking several schemes also lists them all in a ``schemes`` tuple."""
 
     scheme: str
 

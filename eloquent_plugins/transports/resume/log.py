@@ -2,27 +2,35 @@
 
 The producer appends; connections (and the Redis mirror) register a wake callback and read from their own
 cursor, so a slow reader never slows the producer and everything queued for it goes out in one write.
+``appended`` counts every byte ever appended, so a reader that tracks the byte offset it has written knows how
+much is queued for it (``StreamConfig.max_queued_bytes``) without summing frames.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from eloquent_plugins.core.errors import EloquentError
 
-class EventsGone(Exception):
-    """The requested events were trimmed from the log (bounded per stream)."""
+
+class EventsGone(EloquentError):
+    """The requested events were trimmed from the log (bounded per stream, or shed under the memory budget)."""
 
 
 class StreamLog:
     """Append-only frames with a moving base index; bounded by event count and bytes (oldest dropped first)."""
 
-    __slots__ = ("frames", "base", "nbytes", "closed", "reason", "max_events", "max_bytes", "_listeners")
+    __slots__ = ("frames", "base", "nbytes", "appended", "closed", "reason", "max_events", "max_bytes",
+                 "_listeners")
 
     def __init__(self, *, max_events: int = 100_000, max_bytes: int = 8 << 20) -> None:
         self.frames: list[bytes] = []
         self.base = 0
         """Index of ``frames[0]``."""
         self.nbytes = 0
+        """Bytes of the frames held now."""
+        self.appended = 0
+        """Bytes of every frame ever appended (the byte offset of ``next_index``)."""
         self.closed = False
         self.reason: str | None = None
         self.max_events = max_events
@@ -36,7 +44,9 @@ class StreamLog:
     def append(self, frame: bytes) -> None:
         frames = self.frames
         frames.append(frame)
-        self.nbytes += len(frame)
+        size = len(frame)
+        self.nbytes += size
+        self.appended += size
         if len(frames) > self.max_events or self.nbytes > self.max_bytes:
             self._trim()
         for wake in self._listeners:
@@ -59,6 +69,23 @@ class StreamLog:
         if start >= len(frames):
             return []
         return frames[start:] if start else frames[:]
+
+    def offset(self, cursor: int) -> int:
+        """The byte offset of event ``cursor`` (held, or ``next_index``): what a reader starting there has had."""
+        start = max(0, min(cursor - self.base, len(self.frames)))
+        return self.appended - sum(map(len, self.frames[start:]))
+
+    def discard_before(self, index: int) -> int:
+        """Drop the frames before ``index`` (every reader has written them); returns the bytes freed. A resume from
+        before them then gets ``EventsGone`` (a 410), never a silent gap."""
+        drop = min(index - self.base, len(self.frames))
+        if drop <= 0:
+            return 0
+        freed = sum(map(len, self.frames[:drop]))
+        del self.frames[:drop]
+        self.base += drop
+        self.nbytes -= freed
+        return freed
 
     def listen(self, wake: Callable[[], None]) -> None:
         self._listeners.append(wake)

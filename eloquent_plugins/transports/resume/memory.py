@@ -31,7 +31,7 @@ class MemoryLimits:
         for key, value in parse_qsl(urlsplit(url).query):
             if key not in cls.__dataclass_fields__:
                 raise ConfigError(f"unknown memory store option {key!r} in {url!r}")
-            if not value.isdigit() or int(value) < 1:
+            if not (value.isascii() and value.isdigit()) or int(value) < 1:  # isdigit alone takes "²"
                 raise ConfigError(f"memory store option {key} must be a positive integer, got {value!r}")
             values[key] = int(value)
         return cls(**values)
@@ -53,7 +53,11 @@ class MemoryStore(ResumeStore):
         self.limits = limits or MemoryLimits()
         self._clock = clock
         self._streams: OrderedDict[str, _Entry] = OrderedDict()
+        """Live streams in creation order, then finished ones in the order they finished (oldest first)."""
         self._next_sweep = 0.0
+        self._finished_bytes = 0
+        self.evicted = 0
+        """Finished streams dropped before their TTL (over ``max_streams`` / ``max_total_bytes``, or ``shed``)."""
 
     def new_log(self) -> StreamLog:
         return StreamLog(max_events=self.limits.max_stream_events, max_bytes=self.limits.max_stream_bytes)
@@ -65,6 +69,8 @@ class MemoryStore(ResumeStore):
     async def finish(self, token: str) -> None:
         entry = self._streams.get(token)
         if entry is not None:
+            if entry.expires is None:
+                self._finished_bytes += entry.log.nbytes
             entry.expires = self._clock() + self.ttl
             entry.leases.clear()
             self._streams.move_to_end(token)
@@ -93,6 +99,26 @@ class MemoryStore(ResumeStore):
     def __len__(self) -> int:
         return len(self._streams)
 
+    def held_bytes(self) -> int:
+        return self._finished_bytes
+
+    def shed(self, nbytes: int) -> int:
+        freed = 0
+        for token in [t for t, e in self._streams.items() if e.expires is not None]:
+            if freed >= nbytes:
+                break
+            freed += self._drop(token)
+            self.evicted += 1
+        return freed
+
+    def _drop(self, token: str) -> int:
+        """Forget a stream; the bytes of a finished one leave the accounting."""
+        entry = self._streams.pop(token)
+        if entry.expires is None:
+            return 0
+        self._finished_bytes -= entry.log.nbytes
+        return entry.log.nbytes
+
     def _evict(self) -> None:
         """Drop expired streams, then the oldest finished ones while over the stream-count or byte budget.
 
@@ -103,14 +129,16 @@ class MemoryStore(ResumeStore):
             return
         self._next_sweep = now + 0.2
         for token in [t for t, e in streams.items() if e.expires is not None and e.expires <= now]:
-            del streams[token]
+            self._drop(token)
         total = sum(e.log.nbytes for e in streams.values())
         if len(streams) < self.limits.max_streams and total <= self.limits.max_total_bytes:
             return
         for token in [t for t, e in streams.items() if e.expires is not None]:
             if len(streams) < self.limits.max_streams and total <= self.limits.max_total_bytes:
                 break
-            total -= streams.pop(token).log.nbytes
+            total -= streams[token].log.nbytes
+            self._drop(token)
+            self.evicted += 1
 
 
 class MemoryStoreFactory:

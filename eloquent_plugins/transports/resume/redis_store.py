@@ -9,6 +9,10 @@ batch, not per event); other replicas read with ``XREAD BLOCK``. Keys expire ``r
 stream ends (refreshed while it is live), and each stream keeps at most ``max_stream_events`` entries
 (``XADD MAXLEN ~``).
 
+Faults: a reader that falls behind the trim gets ``EventsGone`` (a 410) before its body starts and a cut body
+after, never a jump; connection resets are retried with bounded backoff by the mirror (``redis_mirror``) and by
+remote readers, which end cut (never complete-looking) when Redis stays unreachable.
+
 URL: ``redis://host:port/db?prefix=eloquent&max_stream_events=100000`` (also ``rediss://``, ``unix://``; redis-py's
 own URL options such as ``max_connections`` pass through; default 4096 connections, as each remote reader holds
 one while it blocks in ``XREAD``).
@@ -27,35 +31,25 @@ from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.transports.resume.log import EventsGone, StreamLog
 from eloquent_plugins.transports.resume.base import ReplaySource, ResumeStore, StreamMeta
 from eloquent_plugins.transports.resume.local import LocalSource
+from eloquent_plugins.transports.resume.redis_mirror import (
+    HEARTBEAT_TTL, LIVE_TTL_MIN, MIRROR_RETRY_FOR, READ_BATCH, READ_RETRY_FOR, REPLY_TIMEOUT, RETRY_FIRST, RETRY_MAX,
+    Mirror, after_id, entry_index, transient)
 
 log = logging.getLogger("eloquent_plugins.transports.resume")
 
-LIVE_TTL_MIN = 60.0
-"""A live stream's keys expire this long (at least) after the producer last refreshed them: a crashed producer
-leaves no stream behind forever."""
-HEARTBEAT_TTL = 15
-"""Seconds a live stream's heartbeat key outlives the producer's last refresh (every HEARTBEAT_TTL / 3 s). A
-reader that finds it gone while the stream has no end knows the producing replica died: it ends the body
-without completing it instead of waiting for the keys to expire."""
 _OUR_OPTIONS = ("prefix", "max_stream_events")
-
-
-def _entry_id(index: int) -> str:
-    return f"{index}-1"
-
-
-def _after_id(cursor: int) -> str:
-    """The XREAD id that returns entries with index >= cursor."""
-    return "0-0" if cursor <= 0 else f"{cursor - 1}-1"
-
-
-def _index(entry_id: bytes | str) -> int:
-    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    return int(text.partition("-")[0])
+SENT_WAIT = 2.0
+"""Seconds a resume of a live stream waits for the event it names to reach Redis before calling it never sent."""
+__all__ = ["HEARTBEAT_TTL", "LIVE_TTL_MIN", "RedisSource", "RedisStore"]
 
 
 class RedisSource:
-    """A stream produced on another replica, read from Redis."""
+    """A stream produced on another replica, read from Redis.
+
+    Entries are absorbed strictly in order from ``_read_through``: a duplicate is skipped and a gap (entries
+    trimmed by ``max_stream_events`` while this reader was paused) is never jumped over. Before the body starts a
+    gap raises ``EventsGone`` (a 410); after it, and when Redis stays unreachable past ``read_retry_for``, the
+    body is cut (``end_reason`` ``disconnected``, the reason in ``gone``) so the client can tell."""
 
     def __init__(self, store: RedisStore, token: str, meta: StreamMeta) -> None:
         self.meta = meta
@@ -63,52 +57,95 @@ class RedisSource:
         self._key = store.key("s", token)
         self._heartbeat = store.key("h", token)
         self._buffer: list[bytes] = []
+        """Fetched frames not yet taken, index ``_buffer_base`` on; at most one XREAD batch (``READ_BATCH``)."""
         self._buffer_base = 0
         self._end: int | None = None
         self.end_reason: str | None = None
+        self.gone: str | None = None
+        """Why this body was cut short (events trimmed while it was read, Redis unreachable), once it was."""
         self._read_through = 0
         """Entries with index < this have been fetched."""
+        self._failing_since: float | None = None
+        self._delay = 0.0
+
+    def _frames_through(self) -> int:
+        """The index after the last frame fetched (the end marker is no frame)."""
+        return self._end if self._end is not None else self._read_through
 
     def _absorb(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
+        """Append entries that continue ``_read_through``; raise EventsGone at a gap instead of rebasing past it."""
         for entry_id, fields in entries:
-            index = _index(entry_id)
+            if self._end is not None:
+                return
+            index = entry_index(entry_id)
             if index < self._read_through:
                 continue
+            if index > self._read_through:
+                raise EventsGone(f"events {self._read_through} to {index - 1} are no longer kept")
             if b"end" in fields:
                 self._end = index
                 self.end_reason = fields[b"end"].decode()
-                self._read_through = index + 1
-                continue
-            if not self._buffer:
-                self._buffer_base = index
-            elif index != self._buffer_base + len(self._buffer):
-                raise EventsGone(f"events before {index} are no longer kept")
-            self._buffer.append(fields[b"f"])
+            else:
+                if not self._buffer:
+                    self._buffer_base = index
+                self._buffer.append(fields[b"f"])
             self._read_through = index + 1
 
+    def _cut(self, at: int, why: str) -> None:
+        """End this body uncompleted at ``at`` (frames before it that are buffered still go out)."""
+        if self.gone is None:
+            log.warning("stream %s: resume cut at event %d: %s", self._key, at, why)
+        self.gone = why
+        del self._buffer[max(0, at - self._buffer_base):]
+        self._end = at
+        self._read_through = max(self._read_through, at)
+        self.end_reason = "disconnected"
+
     async def check(self, cursor: int) -> None:
-        entries = await self._store.redis.xrange(self._key, min=f"{cursor}-0", max="+", count=1000)
+        entries = await self._store.redis.xrange(self._key, min=f"{cursor}-0", max="+", count=READ_BATCH)
         if entries:
-            first = _index(entries[0][0])
+            first = entry_index(entries[0][0])
             if first > cursor:
                 raise EventsGone(f"events before {first} are no longer kept")
         else:
             last = await self._store.redis.xrevrange(self._key, max="+", min="-", count=1)
             if last and b"end" in last[0][1]:
                 self.end_reason = last[0][1][b"end"].decode()
-                if cursor > _index(last[0][0]):
+                if cursor > entry_index(last[0][0]):
                     raise ValueError(f"event {cursor - 1} was never sent on this stream")
-        self._read_through = cursor
+            elif cursor > (entry_index(last[0][0]) + 1 if last else 0):
+                await self._await_sent(cursor - 1)
+        self._buffer.clear()
+        self._buffer_base = self._read_through = cursor
         self._absorb(entries)
 
+    async def _await_sent(self, index: int) -> None:
+        """A live stream whose copy ends before event ``index``: the producer may be a batch behind in mirroring
+        it, so wait ``SENT_WAIT`` s for it; an index it does not reach by then was never sent (``ValueError``)."""
+        block = int(SENT_WAIT * 1000)
+        result = await asyncio.wait_for(self._store.redis.xread({self._key: after_id(index)}, count=1, block=block),
+                                        SENT_WAIT + REPLY_TIMEOUT)
+        for _key, entries in result or ():
+            if entries and b"end" not in entries[0][1]:
+                return
+        raise ValueError(f"event {index} was never sent on this stream")
+
     def take(self, cursor: int) -> list[bytes]:
-        """Buffered frames from ``cursor`` on; frames before ``cursor`` are dropped (the reader has them)."""
+        """Buffered frames from ``cursor`` on; frames before ``cursor`` are dropped (the reader has them). A
+        ``cursor`` before what is held (frames this reader never got are gone) cuts the body."""
         buffer = self._buffer
-        if not buffer:
+        through = self._frames_through()
+        held_from = self._buffer_base if buffer else through
+        if cursor < held_from:
+            self._cut(cursor, f"events {cursor} to {held_from - 1} were dropped before this reader took them")
             return []
-        start = cursor - self._buffer_base
-        if start > 0:
-            del buffer[:start]
+        if cursor >= through:
+            buffer.clear()
+            if self._end is None:
+                self._read_through = cursor  # the reader already has everything before it
+            return []
+        if cursor > self._buffer_base:
+            del buffer[:cursor - self._buffer_base]
             self._buffer_base = cursor
         return buffer[:]
 
@@ -116,19 +153,35 @@ class RedisSource:
         return self._end is not None and cursor >= self._end
 
     async def wait(self, cursor: int, timeout: float, wake: asyncio.Future[None]) -> None:
+        """Fetch what follows ``cursor``; never raises: a gap or a lasting Redis failure cuts the body, a
+        transient one (a connection reset) is retried from the cursor with bounded exponential backoff."""
         if self._buffer or self._end is not None:
             return
+        try:
+            await self._fetch(cursor, timeout)
+        except EventsGone as exc:
+            self._cut(self._frames_through(), str(exc))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever Redis raised, the reader ends cleanly
+            await self._failed(exc, timeout)
+        else:
+            self._failing_since = None
+
+    async def _fetch(self, cursor: int, timeout: float) -> None:
+        redis = self._store.redis
         block = max(1, int(min(timeout, 1.0) * 1000))
-        result = await self._store.redis.xread({self._key: _after_id(max(cursor, self._read_through))},
-                                               count=1000, block=block)
+        guard = block / 1000 + REPLY_TIMEOUT
+        result = await asyncio.wait_for(redis.xread(
+            {self._key: after_id(max(cursor, self._read_through))}, count=READ_BATCH, block=block), guard)
         for _key, entries in result or ():
             self._absorb(entries)
         if result:
             return
-        pipe = self._store.redis.pipeline(transaction=False)
+        pipe = redis.pipeline(transaction=False)
         pipe.exists(self._key)
         pipe.exists(self._heartbeat)
-        stream_exists, producer_alive = await pipe.execute()
+        stream_exists, producer_alive = await asyncio.wait_for(pipe.execute(), REPLY_TIMEOUT)
         if not stream_exists:
             raise EventsGone("the stream expired while it was being read")
         if not producer_alive and self._end is None:
@@ -137,6 +190,18 @@ class RedisSource:
             log.warning("stream %s: producer heartbeat lost; ending the resume uncompleted", self._key)
             self._end = max(cursor, self._read_through)
             self.end_reason = "disconnected"
+
+    async def _failed(self, exc: Exception, timeout: float) -> None:
+        store = self._store
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since, self._delay = now, store.retry_first
+        if transient(exc) and now - self._failing_since < store.read_retry_for:
+            log.debug("stream %s: reading from Redis failed (%r); retrying", self._key, exc)
+            await asyncio.sleep(min(self._delay, max(0.0, timeout)))
+            self._delay = min(self._delay * 2, store.retry_max)
+            return
+        self._cut(self._frames_through(), f"reading from Redis failed: {exc!r}")
 
     def close(self) -> None:
         return None
@@ -166,6 +231,11 @@ class RedisStore(ResumeStore):
             {"max_connections": max_connections} if max_connections else {}))
         self.redis: Any = aioredis.Redis(connection_pool=pool, decode_responses=False)
         self._local: dict[str, tuple[StreamMeta, StreamLog, asyncio.Task[None]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        """Every running mirror, also those of finished streams still retrying (``aclose`` cancels them)."""
+        self.retry_first, self.retry_max = RETRY_FIRST, RETRY_MAX
+        self.mirror_retry_for = MIRROR_RETRY_FOR
+        self.read_retry_for = READ_RETRY_FOR
 
     def key(self, kind: str, token: str) -> str:
         return f"{self.prefix}:{kind}:{token}"
@@ -177,63 +247,11 @@ class RedisStore(ResumeStore):
         live_ttl = int(max(self.ttl, LIVE_TTL_MIN)) + 1
         await self.redis.set(self.key("m", token), meta.to_json(), ex=live_ttl)
         await self.redis.set(self.key("h", token), b"1", ex=HEARTBEAT_TTL)
-        task = asyncio.get_running_loop().create_task(self._mirror(token, log_),
+        task = asyncio.get_running_loop().create_task(Mirror(self, token, log_).run(),
                                                       name=f"eloquent-mirror-{meta.stream_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         self._local[token] = (meta, log_, task)
-
-    async def _mirror(self, token: str, log_: StreamLog) -> None:
-        """Copy the local log to Redis in batches until it closes; then mark the end and set the final TTL."""
-        skey, mkey, hkey = self.key("s", token), self.key("m", token), self.key("h", token)
-        live_ttl = int(max(self.ttl, LIVE_TTL_MIN)) + 1
-        beat_every = HEARTBEAT_TTL / 3
-        changed = asyncio.Event()
-        log_.listen(changed.set)
-        cursor = 0
-        last_refresh = time.monotonic()
-        try:
-            while True:
-                try:
-                    frames = log_.take(cursor)
-                except EventsGone:
-                    cursor = log_.base
-                    continue
-                if frames:
-                    pipe = self.redis.pipeline(transaction=False)
-                    for offset, frame in enumerate(frames):
-                        pipe.xadd(skey, {b"f": frame}, id=_entry_id(cursor + offset),
-                                  maxlen=self.max_stream_events, approximate=True)
-                    if cursor == 0 or time.monotonic() - last_refresh > beat_every:
-                        pipe.expire(skey, live_ttl)
-                        pipe.expire(mkey, live_ttl)
-                        pipe.set(hkey, b"1", ex=HEARTBEAT_TTL)
-                        last_refresh = time.monotonic()
-                    await pipe.execute()
-                    cursor += len(frames)
-                    continue
-                if log_.closed:
-                    pipe = self.redis.pipeline(transaction=False)
-                    pipe.xadd(skey, {b"end": (log_.reason or "complete").encode()}, id=_entry_id(cursor))
-                    ttl = max(1, int(self.ttl))
-                    pipe.expire(skey, ttl)
-                    pipe.expire(mkey, ttl)
-                    pipe.expire(self.key("l", token), ttl)
-                    pipe.delete(hkey)
-                    await pipe.execute()
-                    return
-                changed.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(changed.wait(), beat_every)
-                if time.monotonic() - last_refresh > beat_every:
-                    pipe = self.redis.pipeline(transaction=False)
-                    pipe.expire(skey, live_ttl)
-                    pipe.expire(mkey, live_ttl)
-                    pipe.set(hkey, b"1", ex=HEARTBEAT_TTL)
-                    await pipe.execute()
-                    last_refresh = time.monotonic()
-        except Exception:
-            log.exception("mirroring stream %s to Redis failed; resumes on other replicas will miss it", token[:4])
-        finally:
-            log_.unlisten(changed.set)
 
     async def finish(self, token: str) -> None:
         entry = self._local.pop(token, None)
@@ -265,7 +283,8 @@ class RedisStore(ResumeStore):
         return float(top[0][1]) if top else None
 
     async def aclose(self) -> None:
-        for _meta, _log, task in list(self._local.values()):
+        for task in list(self._tasks):
             task.cancel()
         await self.redis.aclose()
+
 

@@ -6,32 +6,57 @@ connection's task writes.
 
 The connection reads the stream from its own cursor: whatever is queued goes out in one write (coalescing: a
 client that keeps up gets each event as soon as it exists, a slow one gets everything pending at once). A
-periodic tick sends the idle keep-alive, cuts a client that accepts no bytes for ``send_timeout`` seconds, and
-renews the connection's lease so the producer (on any replica) knows the stream is still read.
+periodic tick sends the keep-alive when the core's ``KeepAliveTimer`` (the same idle clock the datagram sender
+keeps) says one is due, cuts a client that accepts no bytes for ``send_timeout`` seconds or that has more than
+``max_queued`` bytes of a local stream waiting for it (it does not read, but the kernel took enough that no send
+stalls for long), and renews the connection's lease so the producer (on any replica) knows the stream is still
+read. A cut client can resume.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
+from enum import IntEnum
 from typing import Any
 
-from eloquent_plugins.core.keepalive import KeepAlivePolicy
+from eloquent_plugins.core.keepalive import KeepAlivePolicy, KeepAliveTimer
+from eloquent_plugins.transports.asgi import Send
 from eloquent_plugins.transports.metrics import StreamMetrics
 from eloquent_plugins.transports.resume.base import ReplaySource
 from eloquent_plugins.transports.resume.local import LocalSource
 
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 Merge = Callable[[list[bytes]], tuple[list[bytes], int]]
+
+
+class ConnState(IntEnum):
+    """Where a connection is; it only moves forward (a cut client that also hung up counts as cut)."""
+
+    OPEN = 0
+    GONE = 1
+    """The client went away: seen on ``receive``, or a send to it failed."""
+    TIMED_OUT = 2
+    """The client accepted no bytes for ``send_timeout`` seconds and was cut."""
+    OVERFLOWED = 3
+    """More than ``max_queued`` bytes waited for the client (or the memory budget needed them): it was cut."""
+
+
+_OPEN = ConnState.OPEN  # read per event: a global, not an Enum attribute lookup
+_CUT = ConnState.TIMED_OUT
+
 
 class Connection:
     def __init__(self, send: Send, source: ReplaySource, cursor: int, *, policy: KeepAlivePolicy,
                  send_timeout: float, metrics: StreamMetrics, merge: Merge | None = None, coalesce: bool = True,
-                 renew_lease: Callable[[], Coroutine[Any, Any, None]] | None = None, lease_every: float = 1.0) -> None:
+                 renew_lease: Callable[[], Coroutine[Any, Any, None]] | None = None, lease_every: float = 1.0,
+                 max_queued: int = 0) -> None:
         self.send = send
         self.source = source
         self.cursor = cursor
+        self.max_queued = max_queued if isinstance(source, LocalSource) else 0
+        self.offset = source.log.offset(cursor) if isinstance(source, LocalSource) else 0
+        """Byte offset in the local log of what has been handed to ``send`` (``StreamLog.appended`` terms)."""
         self.policy = policy
         self.send_timeout = send_timeout
         self.metrics = metrics
@@ -39,11 +64,10 @@ class Connection:
         self.coalesce = coalesce
         self.renew_lease = renew_lease
         self.lease_every = lease_every
-        self.gone = False
-        self.timed_out = False
+        self.state = ConnState.OPEN
         self._wake: asyncio.Future[None] | None = None
         self._keepalive_due = False
-        self._last_write = 0.0
+        self._keepalive = KeepAliveTimer(policy, 0.0)
         self._sending_since: float | None = None
         self._task: asyncio.Task[str] | None = None
         self._next_lease = 0.0
@@ -57,6 +81,45 @@ class Connection:
         if renew_lease is not None:
             self._tick_every = min(self._tick_every, lease_every)
 
+    @property
+    def gone(self) -> bool:
+        """No more bytes go to this client (it left, or was cut)."""
+        return self.state is not _OPEN
+
+    @property
+    def timed_out(self) -> bool:
+        return self.state is ConnState.TIMED_OUT
+
+    @property
+    def cut(self) -> bool:
+        """This connection cut the client (send timeout, or too much queued); the client may resume."""
+        return self.state >= ConnState.TIMED_OUT
+
+    @property
+    def queued(self) -> int:
+        """Bytes of the local log waiting for this client (0 for a remote source)."""
+        source = self.source
+        return source.log.appended - self.offset if isinstance(source, LocalSource) else 0
+
+    def overflow(self) -> None:
+        """Cut the client: too much is queued for it. Its send in progress, if any, is abandoned."""
+        if self.state is _OPEN:
+            self._cut(ConnState.OVERFLOWED)
+
+    def _cut(self, state: ConnState) -> None:
+        self._end(state)
+        if self._direct_task is not None:
+            self._direct_task.cancel()  # the producer is stuck writing: cut it loose
+            self._wakeup()
+        elif self._task is not None and self.busy:
+            self._task.cancel()
+        else:
+            self._wakeup()
+
+    def _end(self, state: ConnState) -> None:
+        if state > self.state:
+            self.state = state
+
     def start(self) -> asyncio.Task[str]:
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_task(self._run(), name="eloquent-sse-connection")
@@ -64,14 +127,14 @@ class Connection:
 
     def disconnect(self) -> None:
         """The client went away (seen on ``receive``)."""
-        self.gone = True
+        self._end(ConnState.GONE)
         self._wakeup()
 
     def claim(self) -> bool:
         """Producer fast path, called before it appends: True if this connection is idle and caught up, in which
         case the producer must call ``write_claimed()`` right after appending."""
         source = self.source
-        if self._wake is None or self.busy or self.gone or not isinstance(source, LocalSource):
+        if self._wake is None or self.busy or self.state is not _OPEN or not isinstance(source, LocalSource):
             return False
         log = source.log
         if self.cursor != log.base + len(log.frames):
@@ -94,28 +157,28 @@ class Connection:
             return
         body = frames[start] if count == 1 else b"".join(frames[start:])
         self.cursor += count
+        self.offset += len(body)
         loop = self._loop
         self._sending_since = now = loop.time()
         self._direct_task = asyncio.current_task(loop)
         try:
             await self.send({"type": "http.response.body", "body": body, "more_body": True})
         except asyncio.CancelledError:
-            if not self.timed_out or self._direct_task is None:
+            if self.state < ConnState.TIMED_OUT or self._direct_task is None:
                 raise
-            self._direct_task.uncancel()  # our own send-timeout cut, not a cancellation of the app
-            self.gone = True
+            self._direct_task.uncancel()  # our own cut (send timeout, queue), not a cancellation of the app
         except OSError:
-            self.gone = True
+            self._end(ConnState.GONE)
         finally:
             self._direct_task = None
             self._sending_since = None
             self.busy = False
         # The send normally completes without suspending, so the clock read before it is good enough.
-        self._last_write = now
+        self._keepalive.activity(now)
         metrics = self.metrics
         metrics.bytes_sent += len(body)
         metrics.writes += 1
-        if (self.gone or self._keepalive_due or self._parked_busy or log.closed
+        if (self.state is not _OPEN or self._keepalive_due or self._parked_busy or log.closed
                 or self.cursor < log.base + len(frames)):
             self._wakeup()
 
@@ -131,15 +194,12 @@ class Connection:
         now = loop.time()
         if self._sending_since is not None:
             if self.send_timeout > 0 and now - self._sending_since > self.send_timeout and self._task is not None:
-                self.timed_out = True
-                if self._direct_task is not None:
-                    self._direct_task.cancel()  # the producer is stuck writing: cut it loose
-                    self.gone = True
-                    self._wakeup()
-                else:
-                    self._task.cancel()
+                self._cut(ConnState.TIMED_OUT)
                 return
-        elif self.policy.enabled and now - self._last_write >= self.policy.interval:
+            if self.max_queued and self.state is _OPEN and self.queued > self.max_queued:
+                self._cut(ConnState.OVERFLOWED)
+                return
+        elif self._keepalive.due(now):
             self._keepalive_due = True
             self._wakeup()
         if self.renew_lease is not None and now >= self._next_lease and (
@@ -150,10 +210,11 @@ class Connection:
 
     async def _run(self) -> str:
         loop = asyncio.get_running_loop()
-        self._last_write = loop.time()
+        started = loop.time()
+        self._keepalive.activity(started)  # the idle clock runs from the response start: before the first token too
         self._handle = loop.call_later(self._tick_every, self._tick)
         if self.renew_lease is not None:
-            self._next_lease = self._last_write + self.lease_every
+            self._next_lease = started + self.lease_every
         source, send, metrics, merge = self.source, self.send, self.metrics, self.merge
         try:
             while True:
@@ -167,6 +228,8 @@ class Connection:
                         self._parked_busy = False
                         self._wake = None
                     continue
+                if self.state >= _CUT:
+                    return "disconnected"  # ``finished`` reports why it was cut
                 frames = source.take(self.cursor)
                 if frames:
                     if not self.coalesce:
@@ -174,12 +237,17 @@ class Connection:
                     count = len(frames)
                     if count == 1:
                         body = frames[0]
-                    else:
-                        if merge is not None:
-                            frames, merged = merge(frames)
-                            metrics.events_merged += merged
+                        size = len(body)
+                    elif merge is not None:
+                        size = sum(map(len, frames))  # the log's bytes, not the merged ones
+                        frames, merged = merge(frames)
+                        metrics.events_merged += merged
                         body = b"".join(frames)
+                    else:
+                        body = b"".join(frames)
+                        size = len(body)
                     self.cursor += count
+                    self.offset += size
                     self._sending_since = loop.time()
                     self.busy = True
                     try:
@@ -187,10 +255,10 @@ class Connection:
                     finally:
                         self.busy = False
                         self._sending_since = None
-                    self._last_write = loop.time()
+                    self._keepalive.activity(loop.time())
                     metrics.bytes_sent += len(body)
                     metrics.writes += 1
-                    if self.gone:
+                    if self.state is not _OPEN:
                         return "disconnected"
                     continue
                 if source.ended(self.cursor):
@@ -200,7 +268,7 @@ class Connection:
                         return "aborted"
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                     return "complete"
-                if self.gone:
+                if self.state is not _OPEN:
                     return "disconnected"
                 if self._keepalive_due:
                     self._keepalive_due = False
@@ -212,13 +280,14 @@ class Connection:
                     finally:
                         self.busy = False
                         self._sending_since = None
-                    self._last_write = loop.time()
+                    self._keepalive.activity(loop.time())
                     metrics.keepalives += 1
                     metrics.bytes_sent += len(frame)
                     continue
                 wake = loop.create_future()
                 self._wake = wake
-                timeout = (self._last_write + self.policy.interval - loop.time()) if self.policy.enabled else 1.0
+                deadline = self._keepalive.deadline()
+                timeout = deadline - loop.time() if deadline is not None else 1.0
                 await source.wait(self.cursor, max(0.01, timeout), wake)
                 self._wake = None
         except OSError:
@@ -235,15 +304,20 @@ class Connection:
         assert self._task is not None
         try:
             reason = await asyncio.shield(self._task)
-            if self.timed_out:
-                self.metrics.send_timeouts += 1
-                return "send_timeout"
+            if self.state >= ConnState.TIMED_OUT:
+                return self._cut_reason()
             return reason
         except asyncio.CancelledError:
-            if self.timed_out and self._task.done():
-                self.metrics.send_timeouts += 1
-                return "send_timeout"
+            if self.state >= ConnState.TIMED_OUT and self._task.done():
+                return self._cut_reason()
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             raise
+
+    def _cut_reason(self) -> str:
+        if self.state is ConnState.TIMED_OUT:
+            self.metrics.send_timeouts += 1
+            return "send_timeout"
+        self.metrics.clients_cut += 1
+        return "queue_full"

@@ -1,25 +1,25 @@
-"""Stream tokens, event ids and caller identity for resumable SSE.
+"""The ASGI side of resumable SSE: new stream tokens, the resume request's raw id, and caller identity.
 
-An event id is ``<token>:<index>``. The token is 128 random bits (``secrets``), so ids cannot be guessed; a
-resume must also come from the caller that started the stream (the identity hash stored with it).
+The event-id format itself (``<token>:<index>``) is ``core.protocol``'s. The token is 128 random bits
+(``secrets``), so ids cannot be guessed; a resume must also come from the caller that started the stream (the
+identity hash stored with it).
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
 from urllib.parse import parse_qsl
 
-Scope = MutableMapping[str, Any]
+from eloquent_plugins.core.protocol import RESUME_QUERY_PARAM
+from eloquent_plugins.transports.asgi import Scope
+
 IdentityFunction = Callable[[Scope], "str | bytes | None"]
 
-RESUME_QUERY_PARAM = "last_event_id"
-STREAM_HEADER = "x-eloquent-stream"
 DEFAULT_IDENTITY_HEADERS = (b"authorization", b"x-api-key", b"api-key")
-_TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+RESUME_QUERY_KEY = RESUME_QUERY_PARAM.encode() + b"="
+"""What a query string holding a resume id contains (a cheap test before parsing it)."""
 
 
 def new_token() -> str:
@@ -31,38 +31,21 @@ def new_stream_id() -> str:
     return "s-" + secrets.token_hex(6)
 
 
-@dataclass(frozen=True, slots=True)
-class ResumePoint:
-    token: str
-    after: int
-    """Index of the last event the client has; -1 when it has none (resume from the start)."""
-
-
-class BadEventId(ValueError):
-    """A Last-Event-ID that is not ``<token>:<index>`` or ``<token>``."""
-
-
-def parse_event_id(value: str) -> ResumePoint:
-    token, sep, index = value.strip().rpartition(":")
-    if not sep:
-        token, index = value.strip(), "-1"
-    if not (16 <= len(token) <= 64) or not set(token) <= _TOKEN_CHARS:
-        raise BadEventId("Last-Event-ID is not an id this server issued")
-    if not (index.isascii() and (index.isdigit() or index == "-1")) or len(index) > 18:
-        raise BadEventId("Last-Event-ID has a malformed event index")
-    return ResumePoint(token, int(index))
-
-
 def resume_request(scope: Scope) -> str | None:
-    """The raw Last-Event-ID of a request: the header, else the ``last_event_id`` query parameter."""
+    """The raw Last-Event-ID of a request: the header, else the ``last_event_id`` query parameter (parse it
+    with ``core.protocol.parse_event_id``); None when there is none.
+
+    An empty value is no id, as in the SSE spec (a browser sends the header only when its last event id is not
+    the empty string, and an empty ``id:`` field resets it to "none"): the request is a new one, not a resume.
+    The query parameter follows the header's rule; the first one present decides."""
     for name, value in scope["headers"]:
         if name == b"last-event-id":
-            return value.decode("latin-1")
+            return value.decode("latin-1") if value.strip() else None
     query: bytes = scope.get("query_string", b"")
-    if query and b"last_event_id=" in query:
-        for key, value in parse_qsl(query.decode("latin-1")):
+    if query and RESUME_QUERY_KEY in query:
+        for key, value in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
             if key == RESUME_QUERY_PARAM:
-                return value
+                return value if value.strip() else None
     return None
 
 

@@ -9,12 +9,13 @@ keep-alives.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from eloquent_plugins.core.codecs.base import Codec
 from eloquent_plugins.core.events import StreamEvent
 from eloquent_plugins.transports.metrics import StreamMetrics
 from eloquent_plugins.core.hooks.manager import StreamHooks
+from eloquent_plugins.core.protocol import format_event_id
 from eloquent_plugins.core.sse_writer import format_event
 from eloquent_plugins.core.sse_reader import SSEParser
 from eloquent_plugins.transports.resume.log import StreamLog
@@ -28,7 +29,7 @@ _BLANK_ENDINGS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
 class Producer:
     __slots__ = ("log", "hooks", "codec", "metrics", "_id_prefix", "_index", "_parser", "_clean", "_first",
-                 "_last", "_started", "_observe", "_clock", "_id")
+                 "_last", "_started", "_observe", "_clock", "_id", "max_gap")
 
     def __init__(self, log: StreamLog, *, token: str | None, hooks: StreamHooks, codec: Codec,
                  metrics: StreamMetrics, started: float, clock: Callable[[], float] = time.monotonic) -> None:
@@ -37,7 +38,9 @@ class Producer:
         self.codec = codec
         self.metrics = metrics
         self._id = token is not None
-        self._id_prefix = b"id: " + token.encode() + b":" if token is not None else b""
+        # Event n's id line is this prefix + n: ``format_event_id`` with the index cut off, so the hot path only
+        # formats an integer.
+        self._id_prefix = b"id: " + format_event_id(token, 0).encode()[:-1] if token is not None else b""
         self._index = 0
         self._parser: SSEParser | None = None
         self._clean = True
@@ -46,10 +49,19 @@ class Producer:
         self._started = started
         self._observe = hooks.active
         self._clock = clock
+        self.max_gap = 0.0
+        """The largest gap between two events so far (seconds): the stream's worst stall at the source."""
 
     @property
     def events(self) -> int:
         return self._index
+
+    def figures(self) -> dict[str, Any]:
+        """What the stream's span records at its end: events, time to first event, largest and mean gap."""
+        first = self._first
+        return {"events": self._index, "ttft": None if first is None else first - self._started,
+                "max_gap": self.max_gap,
+                "tpot": (self._last - first) / (self._index - 1) if first is not None and self._index > 1 else None}
 
     def feed(self, body: bytes) -> None:
         """One body chunk from the app."""
@@ -85,7 +97,10 @@ class Producer:
             self._first = now
             metrics.ttft.observe(now - self._started)
         else:
-            metrics.gap.observe(now - self._last)
+            gap = now - self._last
+            metrics.gap.observe(gap)
+            if gap > self.max_gap:
+                self.max_gap = gap
         self._last = now
         metrics.events += 1
         self.log.append(frame)

@@ -12,11 +12,32 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from enum import Enum
 
-Message = dict[str, Any]
-Receive = Callable[[], Any]
+from eloquent_plugins.transports.asgi import Message, Receive
+
 DISCONNECT: Message = {"type": "http.disconnect"}
+
+
+class RelayState(Enum):
+    """The client's side of the request, and whether the app may see that it ended."""
+
+    CONNECTED = "connected"
+    HOLDING = "holding"
+    """Connected; a disconnect will be kept from the app (``hold()``)."""
+    HELD = "held"
+    """The client left; the app is not told yet."""
+    GONE = "gone"
+    """The client left; the app sees ``http.disconnect``."""
+    RELEASED = "released"
+    """The client left and the app was shown it after a hold (the stream was abandoned)."""
+
+
+_AFTER_GONE = {RelayState.CONNECTED: RelayState.GONE, RelayState.HOLDING: RelayState.HELD}
+_AFTER_HOLD = {RelayState.CONNECTED: RelayState.HOLDING, RelayState.GONE: RelayState.HELD,
+               RelayState.RELEASED: RelayState.HELD}
+_AFTER_RELEASE = {RelayState.HOLDING: RelayState.CONNECTED, RelayState.HELD: RelayState.RELEASED}
+_CLIENT_GONE = frozenset({RelayState.HELD, RelayState.GONE, RelayState.RELEASED})
 
 
 class ReceiveRelay:
@@ -25,12 +46,22 @@ class ReceiveRelay:
         self._queue: deque[Message] = deque()
         self._reading = False
         self._pump: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        """The one read the app asked for, while it is in flight (see ``receive``)."""
+        self._error: BaseException | None = None
+        """What the server's ``receive`` raised in the app's read: raised to the app."""
         self._changed: asyncio.Future[None] | None = None
-        self._held = False
         self._on_gone: list[Callable[[], None]] = []
-        self.client_gone = False
-        self.released = False
+        self.state = RelayState.CONNECTED
+
+    @property
+    def client_gone(self) -> bool:
+        return self.state in _CLIENT_GONE
+
+    @property
+    def released(self) -> bool:
         """The app was shown the disconnect after a hold (the stream was abandoned)."""
+        return self.state is RelayState.RELEASED
 
     async def receive(self) -> Message:
         """The ``receive`` the app gets."""
@@ -39,24 +70,26 @@ class ReceiveRelay:
                 message = self._queue.popleft()
                 self._notify()
                 return message
+            if self._error is not None:
+                raise self._error
             if self.client_gone:
-                if not self._held:
+                if self.state is not RelayState.HELD:
                     return DISCONNECT
             elif not self._reading and self._pump is None:
-                message = await self._read()
-                if message["type"] != "http.disconnect":
-                    return message
-                continue
+                # Read in a task, not inline: a disconnect this relay decides itself (a cut client, then the
+                # abandoned stream's release) must reach an app whose own read never returns.
+                self._reading = True
+                self._reader = asyncio.get_running_loop().create_task(self._read_one(), name="eloquent-receive")
             await self._wait()
 
     def hold(self) -> None:
         """From now on, keep the client's disconnect from the app until ``release()``."""
-        self._held = True
+        self.state = _AFTER_HOLD.get(self.state, self.state)
 
     def release(self) -> None:
-        if self._held:
-            self._held = False
-            self.released = self.client_gone
+        state = _AFTER_RELEASE.get(self.state)
+        if state is not None:
+            self.state = state
             self._notify()
 
     def on_gone(self, callback: Callable[[], None]) -> None:
@@ -78,6 +111,21 @@ class ReceiveRelay:
         if self._pump is not None:
             self._pump.cancel()
             self._pump = None
+        if self._reader is not None:
+            self._reader.cancel()
+            self._reader = None
+
+    async def _read_one(self) -> None:
+        """The app's read: its message (not a disconnect, which ``_read`` turns into state) joins the queue."""
+        try:
+            message = await self._read()
+        except Exception as exc:  # noqa: BLE001 - handed to the app's receive, as an inline read would have
+            self._error = exc
+            self._notify()
+            return
+        if message["type"] != "http.disconnect":
+            self._queue.append(message)
+            self._notify()
 
     async def _read(self) -> Message:
         self._reading = True
@@ -101,9 +149,10 @@ class ReceiveRelay:
                 self._notify()
 
     def _gone(self) -> None:
-        if self.client_gone:
+        state = _AFTER_GONE.get(self.state)
+        if state is None:
             return
-        self.client_gone = True
+        self.state = state
         callbacks, self._on_gone = self._on_gone, []
         for callback in callbacks:
             callback()
@@ -112,7 +161,9 @@ class ReceiveRelay:
     async def _wait(self) -> None:
         if self._changed is None:
             self._changed = asyncio.get_running_loop().create_future()
-        await self._changed
+        # Shielded: the app's read and the pump may wait on the same future, and cancelling one waiter (the pump
+        # at close(), a task group tearing down the app's disconnect listener) must not cancel it for the other.
+        await asyncio.shield(self._changed)
 
     def _notify(self) -> None:
         fut = self._changed

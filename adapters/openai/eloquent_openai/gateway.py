@@ -1,0 +1,138 @@
+"""A gateway that serves the OpenAI HTTP API and relays any OpenAI-compatible server, one event per SSE message.
+
+Why a gateway: most OpenAI-compatible servers (SGLang, LMDeploy, llama.cpp, Ollama, mistral.rs; vLLM too, when
+its ``--middleware`` flag is not an option) have no plugin hooks, and none of them sends anything while a request
+waits in its queue, so a proxy with an idle timeout cuts it. The gateway answers a streaming
+``/v1/chat/completions`` or ``/v1/completions`` (``"stream": true``) with ``200 text/event-stream`` at once --
+``EloquentMiddleware`` in front then keeps the line alive, numbers and stores the events for resume, and carries
+them over HTTP/3 -- and forwards each upstream event's payload byte for byte. Every other route (``/v1/models``,
+``/v1/embeddings``, non-streaming completions, ``/health``, the upstream's ``/metrics``, ...) is proxied unchanged;
+the middleware's stream metrics are at ``/eloquent/metrics`` (never proxied).
+
+The upstream's SSE quirks are tolerated: ``data:`` without the space (kept as is), comment keep-alives (passed on),
+a stream with or without ``[DONE]`` (one that ends after a ``finish_reason`` is complete), usage-only chunks.
+What the upstream cannot report itself -- unreachable, a rejection after our 200 went out, a body that ends before
+the generation finished -- becomes an OpenAI error event, ``{"error": {"message", "type", "param", "code"}}``
+then ``[DONE]``, which the openai SDK raises as ``APIError``. A client that goes away cancels the relay, which
+closes the upstream request, so the engine aborts it and frees the slot.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, Response
+
+from eloquent_plugins.core.codecs.openai import OpenAICodec
+from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.core.errors import ConfigError
+from eloquent_plugins.transports.proxy import (
+    UpstreamRelay,
+    create_gateway_app,
+    error_text,
+    json_object,
+    upstream_base_url,
+)
+
+__all__ = ["OpenAIGatewayError", "STREAM_ROUTES", "create_openai_gateway"]
+
+DONE = b"[DONE]"
+SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache",
+               "x-accel-buffering": "no"}
+"""What vLLM, SGLang and LMDeploy (FastAPI) send; ``x-accel-buffering`` for nginx."""
+STREAM_ROUTES = ("/v1/chat/completions", "/v1/completions")
+_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
+"""A chunk that ends a choice (``"finish_reason": null`` on every other chunk does not match)."""
+_ERROR_TYPES = {"validation": "invalid_request_error"}
+"""The relay's failure kinds as OpenAI error types; anything else is the server's fault."""
+_CODEC = OpenAICodec()
+
+
+class OpenAIGatewayError(ConfigError):
+    """The gateway was configured with something it cannot use (e.g. a non-HTTP upstream URL)."""
+
+
+def _error_payload(message: str, error_type: str, status: int) -> bytes:
+    """The shape of the middleware's own in-band errors on these routes (``core.codecs.openai``)."""
+    return _CODEC.error_payload(message, error_type=_ERROR_TYPES.get(error_type, "server_error"), status=status)
+
+
+@dataclass(slots=True)
+class _OpenAIStream:
+    """One chat or completions stream: complete at ``[DONE]``, an upstream error event, or -- for servers that
+    send no ``[DONE]`` -- once a choice has a ``finish_reason``."""
+
+    done: bool = False
+    finished: bool = False
+
+    def observe(self, payload: bytes) -> None:
+        if self.done:
+            return
+        if payload.strip() == DONE:
+            self.done = True
+        elif _FINISHED.search(payload):
+            self.finished = True
+        elif b"error" in payload:
+            obj = json_object(payload)
+            if obj is not None and (obj.get("error") is not None or obj.get("object") == "error"):
+                self.done = True  # the upstream reported its own failure: nothing to add
+
+    def error(self, message: str, error_type: str, status: int) -> list[bytes]:
+        self.done = True
+        return [_error_payload(message, error_type, status), DONE]
+
+    def rejected(self, status: int, body: bytes) -> list[bytes]:
+        obj = json_object(body)
+        if obj is not None and isinstance(obj.get("error"), dict):
+            self.done = True
+            return [body.strip(), DONE]  # already OpenAI's error shape (vLLM, llama.cpp, Ollama): unchanged
+        if obj is not None and obj.get("object") == "error":  # the older ErrorResponse (SGLang, LMDeploy)
+            self.done = True
+            fields = {k: obj.get(k) for k in ("message", "type", "param", "code")}
+            return [_CODEC.error_payload(str(fields["message"]), error_type=str(fields["type"] or "server_error"),
+                                         status=status, code=fields["code"]), DONE]
+        kind = "validation" if 400 <= status < 500 else "generation"
+        return self.error(error_text(obj, body) or f"upstream answered HTTP {status}", kind, status)
+
+    def unfinished(self) -> list[bytes]:
+        if self.done or self.finished:
+            return []
+        return self.error("upstream stream ended before the generation finished", "incomplete_generation", 502)
+
+
+def _stream(obj: dict[str, Any]) -> _OpenAIStream | None:
+    return _OpenAIStream() if obj.get("stream") is True else None
+
+
+def _error_response(message: str, error_type: str, status: int) -> Response:
+    """The answers the gateway gives itself (413, an unreachable upstream), in OpenAI's error shape."""
+    return JSONResponse({"error": {"message": message, "type": _ERROR_TYPES.get(error_type, "server_error"),
+                                   "param": None, "code": status}}, status_code=status)
+
+
+def create_openai_gateway(upstream_url: str, config: StreamConfig | None = None, *,
+                          timeout: httpx.Timeout | None = None, stream_idle_timeout: float | None = None,
+                          transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
+    """The gateway app for the OpenAI-compatible server whose root is ``upstream_url`` (``http://host:port``).
+
+    ``timeout`` is for the upstream: by default connecting may take 10 s and reading has no limit (a request may
+    queue and generate for minutes). ``stream_idle_timeout`` ends a stream whose upstream stays silent that long
+    with an error event; None (the default) waits forever, because these servers send nothing while a request
+    is queued -- a client that leaves still ends it. ``transport`` lets tests and embedders route the traffic.
+    """
+    base_url = upstream_base_url(upstream_url, OpenAIGatewayError, "OpenAI")
+    if base_url.endswith("/v1"):
+        raise OpenAIGatewayError(f"give the server's root URL, without /v1 (the gateway serves the same paths as "
+                                 f"the server): {upstream_url!r}")
+    if stream_idle_timeout is not None and stream_idle_timeout <= 0:
+        raise OpenAIGatewayError(f"stream_idle_timeout must be > 0 seconds or None, got {stream_idle_timeout}")
+    relay = UpstreamRelay(base_url, "OpenAI", _error_response, (config or StreamConfig()).max_request_bytes,
+                          timeout or httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None),
+                          stream_idle_timeout, transport, SSE_HEADERS)
+    app = create_gateway_app(relay, [(path, _stream) for path in STREAM_ROUTES])
+    app.state.openai_upstream = relay.base_url
+    return app

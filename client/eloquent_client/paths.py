@@ -1,0 +1,97 @@
+"""What the client remembers about paths, as browsers do: the HTTP/3 port an origin advertised (``Alt-Svc``, RFC
+7838) and the UDP paths that failed recently, so ``transport="auto"`` pays the HTTP/3 probe once, not on every
+request, while UDP is blocked."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass
+
+DEFAULT_UDP_RETRY_AFTER = 300.0
+"""Seconds a failed UDP path is skipped before it is tried again (Chromium marks a broken QUIC path for 5 min)."""
+
+_H3 = re.compile(r'(?:^|,)\s*h3\s*=\s*"([^"]*)"([^,]*)')
+_MA = re.compile(r";\s*ma\s*=\s*(\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class AltService:
+    host: str
+    """Empty: the same host as the origin."""
+    port: int
+    max_age: float
+
+
+def parse_alt_svc(value: str) -> AltService | None:
+    """The ``h3`` alternative of an ``Alt-Svc`` value (``h3=":8443"; ma=3600``), or None (none offered, ``clear``,
+    or malformed)."""
+    match = _H3.search(value)
+    if match is None:
+        return None
+    host, sep, port = match.group(1).rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    ma = _MA.search(match.group(2))
+    return AltService(host.strip("[]"), int(port), float(ma.group(1)) if ma else 86400.0)
+
+
+class PathMemory:
+    """Thread-safe (the sync client and transports run their own loop thread); one shared by default."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._alt: dict[str, tuple[AltService, float]] = {}
+        self._broken: dict[tuple[str, int], float] = {}
+
+    def h3_port(self, origin: str, now: float | None = None) -> int | None:
+        """The UDP port ``origin`` (``scheme://host:port``) advertised and that has not expired."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            entry = self._alt.get(origin)
+            if entry is None or entry[1] <= now:
+                self._alt.pop(origin, None)
+                return None
+            return entry[0].port
+
+    def learn(self, origin: str, alt_svc: str | None, now: float | None = None) -> None:
+        if not alt_svc:
+            return
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if alt_svc.strip().lower() == "clear":
+                self._alt.pop(origin, None)
+                return
+            service = parse_alt_svc(alt_svc)
+            if service is not None and not service.host:  # another host would need its own certificate check
+                self._alt[origin] = (service, now + service.max_age)
+
+    def mark_broken(self, host: str, port: int, retry_after: float, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            self._broken[(host, port)] = now + retry_after
+
+    def is_broken(self, host: str, port: int, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            until = self._broken.get((host, port))
+            if until is not None and until <= now:
+                del self._broken[(host, port)]
+                return False
+            return until is not None
+
+    def mark_working(self, host: str, port: int) -> None:
+        with self._lock:
+            self._broken.pop((host, port), None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._alt.clear()
+            self._broken.clear()
+
+
+SHARED = PathMemory()
+"""The process-wide memory every client uses unless given its own (``path_memory=``)."""
+
+__all__ = ["DEFAULT_UDP_RETRY_AFTER", "SHARED", "AltService", "PathMemory", "parse_alt_svc"]

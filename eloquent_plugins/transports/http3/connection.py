@@ -1,0 +1,397 @@
+"""One client connection of the HTTP/3 front end: QUIC and HTTP/3 events in, dispatched to requests, and the
+wire out. Network events, app sends and timers all end in ``pump``, which runs the datagram scheduler.
+
+A client that breaks the protocol (garbage datagrams, acks for events never sent, ack floods, datagrams for no
+live stream beyond a token bucket) has this connection closed with the error's code; other connections go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from aioquic.h3.events import DatagramReceived, DataReceived, H3Event, HeadersReceived
+from aioquic.h3.events import WebTransportStreamDataReceived as WebTransportData
+from aioquic.quic.events import (
+    ConnectionTerminated,
+    ProtocolNegotiated,
+    QuicEvent,
+    StopSendingReceived,
+    StreamReset,
+)
+
+from eloquent_plugins.core.errors import LimitExceeded, ProtocolError
+from eloquent_plugins.core.hooks.manager import StreamHooks
+from eloquent_plugins.core.hooks.specs import StreamInfo
+from eloquent_plugins.core.protocol import H3_NO_ERROR, H3_REQUEST_CANCELLED
+from eloquent_plugins.core.scheme import Scheme, UnknownScheme, scheme_for
+from eloquent_plugins.h3glue import (
+    ALPN,
+    DatagramH3Connection,
+    H3Protocol,
+    close_code,
+    datagram_room,
+    disable_pacing,
+    has_pending_datagrams,
+    peer_address,
+    peer_max_datagram_frame_size,
+    request_probe,
+    stream_send_backlog,
+)
+from eloquent_plugins.transports.http3.guards import (
+    STREAM_HIGH_WATER,
+    Rejection,
+    admit,
+    connection_limits,
+    unroutable_bucket,
+)
+from eloquent_plugins.transports.http3.request import Request, http_scope
+from eloquent_plugins.transports.http3.scheduler import DatagramScheduler, Plan, StepKind, fits
+from eloquent_plugins.transports.http3.webtransport import WebTransportSessions, is_session_request
+from eloquent_plugins.transports.metrics import TRANSPORT_EXTENSION, h3_transport
+
+if TYPE_CHECKING:
+    from eloquent_plugins.transports.http3.server import ServerState
+
+log = logging.getLogger("eloquent_plugins.transports.http3")
+
+
+class Http3Connection(H3Protocol):
+    def __init__(self, *args: Any, state: ServerState, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.state = state
+        self.h3: DatagramH3Connection | None = None
+        self.requests: dict[int, Request] = {}
+        self.limits = connection_limits(state.config.limits)
+        self.scheduler = DatagramScheduler(self.limits.max_datagram_size)
+        self._unroutable = unroutable_bucket(self.loop.time())
+        self._deadline_handle: asyncio.TimerHandle | None = None
+        self._deadline_at: float | None = None
+        self._pump_handle: asyncio.Handle | None = None
+        self._send_batch = 0
+        """With ``record_timings``: counts the transmits that carry datagrams (which sends share a packet)."""
+        self.terminated = False
+        self.error_code: int | None = None
+        path = state.options.webtransport_path
+        self.webtransport = WebTransportSessions(self, path) if path else None
+        """Browser sessions (docs/BROWSER.md); None when ``webtransport_path`` is off."""
+        if not state.options.pacing:
+            disable_pacing(self.quic)
+        state.connections.add(self)
+
+    @property
+    def peer_accepts_datagrams(self) -> bool:
+        return self.h3 is not None and self.h3.peer_accepts_datagrams
+
+    # ---- network -----------------------------------------------------------------------------------------
+    def after_input(self) -> None:
+        self.pump()
+
+    def after_timer(self) -> None:
+        self.pump()
+
+    def quic_event_received(self, event: QuicEvent) -> None:
+        if isinstance(event, ProtocolNegotiated):
+            if event.alpn_protocol in ALPN:
+                self.h3 = DatagramH3Connection(self.quic, webtransport=self.webtransport is not None)
+        elif isinstance(event, ConnectionTerminated):
+            self.terminated = True
+            self.state.connections.discard(self)
+            for request in list(self.requests.values()):
+                request.disconnect()
+            self.scheduler.clear()
+            self._cancel_timers()
+        elif isinstance(event, StreamReset | StopSendingReceived):
+            request = self.requests.get(event.stream_id)
+            if request is not None:
+                request.disconnect()
+            self._drop_eloquent(event.stream_id)
+            if self.webtransport is not None:
+                self.webtransport.stream_gone(event.stream_id)
+        if self.h3 is not None and not self.terminated:
+            for h3_event in self.h3.handle_event(event):
+                if self.error_code is None:
+                    self._h3_event(h3_event)
+
+    def _h3_event(self, event: H3Event) -> None:
+        wt = self.webtransport
+        if isinstance(event, HeadersReceived):
+            if event.stream_id in self.requests or wt is not None and wt.is_session(event.stream_id):
+                return  # trailers from the client: nothing to do with them
+            if wt is not None and is_session_request(event):
+                wt.open_session(event)
+            else:
+                self._new_request(event)
+        elif isinstance(event, DataReceived):
+            if wt is not None and wt.session_data(event.stream_id, event.stream_ended):
+                return
+            request = self.requests.get(event.stream_id)
+            if request is not None:
+                request.on_body(event.data, event.stream_ended)
+        elif isinstance(event, WebTransportData):
+            if wt is not None:
+                wt.stream_data(event)
+        elif isinstance(event, DatagramReceived):
+            self._route_datagram(event.stream_id, event.data)
+
+    def _route_datagram(self, stream_id: int, data: bytes) -> None:
+        now = self.loop.time()
+        wt = self.webtransport
+        if wt is not None and wt.is_session(stream_id):
+            try:  # a session's datagram: the Eloquent packet names its request stream
+                routed = wt.route_datagram(stream_id, data)
+            except ProtocolError as exc:
+                self.fail(exc)
+                return
+            stream_id = -1 if routed is None else routed
+        stream = self.scheduler.get(stream_id)
+        if stream is None:
+            # Late acks after a stream finished, or datagrams ahead of their request, are normal; drop them,
+            # but a client that keeps sending datagrams nobody asked for is cut off.
+            if not self._unroutable.take(now):
+                self.fail(LimitExceeded("too many datagrams for no live Eloquent stream"))
+            return
+        try:
+            stream.receive_datagram(data, now)
+        except ProtocolError as exc:
+            self.fail(exc)
+
+    def fail(self, error: ProtocolError) -> None:
+        """Close the whole connection with the error's code (the peer broke the protocol)."""
+        if self.terminated or self.error_code is not None:
+            return
+        self.error_code = close_code(error)
+        self.state.closed_with_error += 1
+        log.info("closing connection: %s (code 0x%x)", error, self.error_code)
+        self.quic.close(error_code=self.error_code, reason_phrase=str(error)[:200])
+        self.transmit()
+        for request in list(self.requests.values()):
+            request.disconnect()
+        self.scheduler.clear()
+
+    # ---- requests ----------------------------------------------------------------------------------------
+    def _new_request(self, event: HeadersReceived) -> None:
+        pseudo: dict[bytes, bytes] = {}
+        headers: list[tuple[bytes, bytes]] = []
+        for key, value in event.headers:
+            if key.startswith(b":"):
+                pseudo[key] = value
+            else:
+                headers.append((key, value))
+        method, path = pseudo.get(b":method"), pseudo.get(b":path")
+        if b":authority" in pseudo and not any(k == b"host" for k, _ in headers):
+            headers.insert(0, (b"host", pseudo[b":authority"]))
+        self.open_request(event.stream_id, method, path, headers, ended=event.stream_ended)
+
+    def open_request(self, stream_id: int, method: bytes | None, path: bytes | None,
+                     headers: list[tuple[bytes, bytes]], *, ended: bool, transport: str = "h3",
+                     refusal: Rejection | None = None) -> Request | None:
+        """A new request on ``stream_id`` (an HTTP/3 request or a WebTransport stream), its app started; None
+        when it was refused (``refusal``, or by admission)."""
+        try:
+            scheme, bad_scheme = scheme_for(headers), None
+        except UnknownScheme as exc:
+            scheme, bad_scheme = Scheme.STREAM, str(exc)
+        scope = http_scope(method, path, headers, client=peer_address(self.quic), server=self.sockname())
+        scope["extensions"][TRANSPORT_EXTENSION] = h3_transport(  # the metrics' and logs' transport label
+            transport, datagrams=scheme is not Scheme.STREAM and self.peer_accepts_datagrams)
+        # A request without :path gets the default (OpenAI) error shape, not the one of the route "/".
+        codec = self.state.codecs.for_path(scope["path"] if path is not None else "")
+        request = Request(self, stream_id, scope, scheme, codec)
+        self.requests[stream_id] = request
+        refusal = refusal or admit(self.state.config, method=method, path=path, bad_scheme=bad_scheme,
+                                   running=sum(1 for r in self.requests.values() if r.task is not None),
+                                   content_length=dict(headers).get(b"content-length"))
+        if refusal is not None:
+            request.reject(refusal)
+            return None
+        request.hooks = StreamHooks(self.state.plugin_manager, StreamInfo(
+            request.request_id, route=scope["path"], transport=transport, codec="raw"))
+        if ended:
+            request.on_body(b"", True)
+        else:
+            request.arm_body_timer()
+        request.task = self.loop.create_task(request.run())
+        return request
+
+    def request_done(self, request: Request) -> None:
+        """The app task ended; an Eloquent stream lives on until acked or fallen back."""
+        request.task = None
+        if request.eloquent is None or request.stream_id not in self.scheduler:
+            self._remove(request.stream_id)
+
+    def forget(self, request: Request) -> None:
+        self._remove(request.stream_id)
+
+    def _remove(self, stream_id: int) -> None:
+        self.requests.pop(stream_id, None)
+        if self.webtransport is not None:
+            self.webtransport.forget(stream_id)
+
+    def track_eloquent(self, request: Request) -> None:
+        assert request.eloquent is not None
+        self.scheduler.add(request.eloquent)
+
+    def _drop_eloquent(self, stream_id: int) -> None:
+        if self.scheduler.drop(stream_id):
+            self._forget_if_idle(stream_id)
+
+    drop_stream = _drop_eloquent  # a WebTransport session ended: its requests' datagrams stop
+
+    def _forget_if_idle(self, stream_id: int) -> None:
+        """A stream left the scheduler: its request goes too unless its app is still running."""
+        request = self.requests.get(stream_id)
+        if request is not None and request.eloquent is not None and request.task is None:
+            self._remove(stream_id)
+
+    # ---- the wire ----------------------------------------------------------------------------------------
+    def stop_reading(self, stream_id: int, code: int = H3_NO_ERROR) -> None:
+        """Ask the client to stop sending the request (RFC 9114 4.1: H3_NO_ERROR when the response is
+        complete without the rest of it)."""
+        with contextlib.suppress(Exception):  # the client may have closed its side already
+            self.quic.stop_stream(stream_id, code)
+
+    def send_headers(self, stream_id: int, headers: list[tuple[bytes, bytes]], end_stream: bool = False) -> bool:
+        assert self.h3 is not None
+        try:
+            if self.webtransport is not None and self.webtransport.carries(stream_id):
+                self.webtransport.write_head(stream_id, headers)
+            else:
+                self.h3.send_headers(stream_id, headers, end_stream=end_stream)
+        except Exception:  # noqa: BLE001 - the client stopped the stream first
+            self._lost(stream_id)
+            return False
+        return True
+
+    def send_data(self, stream_id: int, data: bytes, end_stream: bool) -> bool:
+        """Write on a request stream; False (and the request counts as gone) if the client closed it."""
+        assert self.h3 is not None
+        try:
+            if self.webtransport is not None and self.webtransport.carries(stream_id):
+                self.webtransport.write(stream_id, data, end_stream)
+            else:
+                self.h3.send_data(stream_id, data, end_stream=end_stream)
+        except Exception:  # noqa: BLE001 - aioquic raises several types for a stream the peer stopped
+            self._lost(stream_id)
+            return False
+        return True
+
+    def _lost(self, stream_id: int) -> None:
+        request = self.requests.get(stream_id)
+        if request is not None:
+            request.disconnect()
+
+    def reset(self, stream_id: int, code: int) -> None:
+        with contextlib.suppress(Exception):  # the stream may already be closed on our side
+            self.quic.reset_stream(stream_id, code)
+        self.transmit()
+
+    def backlog(self, stream_id: int) -> int:
+        return stream_send_backlog(self.quic, stream_id)
+
+    def transmit(self) -> None:
+        super().transmit()
+        for request in self.requests.values():
+            if not request.drained.is_set() and self.backlog(request.stream_id) <= STREAM_HIGH_WATER:
+                request.drained.set()
+
+    # ---- datagram scheduling -----------------------------------------------------------------------------
+    def pump_soon(self) -> None:
+        if self._pump_handle is None and not self.terminated:
+            self._pump_handle = self.loop.call_soon(self.pump)
+
+    def pump(self) -> None:
+        self._pump_handle = None
+        if self.terminated or self.h3 is None or self.error_code is not None:
+            self.transmit()
+            return
+        quic = self.quic
+        plan = self.scheduler.plan(self.loop.time(), datagram_room(quic),
+                                   transport_queue_empty=not has_pending_datagrams(quic))
+        self._execute(plan)
+        self.transmit()
+        self._schedule_deadline()
+
+    def _execute(self, plan: Plan) -> None:
+        if plan.probe:
+            request_probe(self.quic)
+        for step in plan.steps:
+            if step.kind is StepKind.FALLBACK:
+                self.send_data(step.stream_id, step.data, True)
+            elif step.kind is StepKind.STALLED:
+                request = self.requests.get(step.stream_id)
+                timeout = request.eloquent.ack_timeout if request is not None and request.eloquent else 0.0
+                log.info("stream %d: no ack progress for %.1f s; cancelling it", step.stream_id, timeout)
+                self.reset(step.stream_id, H3_REQUEST_CANCELLED)
+                if request is not None:
+                    request.disconnect()
+            else:
+                self.send_data(step.stream_id, b"", True)
+            self._forget_if_idle(step.stream_id)
+        if plan.datagrams:
+            self._send_datagrams(plan.datagrams)
+
+    def _send_datagrams(self, batch: list[tuple[int, bytes]]) -> None:
+        assert self.h3 is not None
+        limit = peer_max_datagram_frame_size(self.quic) or 0
+        previous_stream: int | None = None
+        record = self.state.options.record_timings
+        self._send_batch += record
+        wt = self.webtransport
+        for stream_id, datagram in batch:
+            target = wt.datagram_target(stream_id) if wt is not None else stream_id  # a session's, for WebTransport
+            if not fits(target, datagram, limit):
+                continue  # cannot happen with our budget; never let one jam aioquic's queue
+            if stream_id == previous_stream:
+                # A copy (duplication, redundancy) or a split run's rest: own QUIC packet, or one loss kills both
+                self.transmit()
+                self._send_batch += record
+            self.h3.send_datagram(target, datagram)
+            previous_stream = stream_id
+            if record:
+                self._record_send(stream_id, datagram)
+
+    def _record_send(self, stream_id: int, datagram: bytes) -> None:
+        """Benchmarks' per-token timelines: when each datagram of a request went to QUIC (``record_timings``)."""
+        if (request := self.requests.get(stream_id)) is not None:
+            sends = self.state.sends
+            entry = sends.setdefault(request.request_id, (request.scope.get("client"), []))
+            entry[1].append((self.loop.time(), datagram, self._send_batch))
+            while len(sends) > self.state.options.timings_kept:
+                sends.popitem(last=False)
+
+    def _schedule_deadline(self) -> None:
+        deadline = self.scheduler.next_deadline()
+        if deadline == self._deadline_at:
+            return
+        if self._deadline_handle is not None:
+            self._deadline_handle.cancel()
+            self._deadline_handle = None
+        self._deadline_at = deadline
+        if deadline is not None:
+            self._deadline_handle = self.loop.call_at(deadline, self._on_deadline)
+
+    def _on_deadline(self) -> None:
+        self._deadline_handle = None
+        self._deadline_at = None
+        self.pump()
+
+    def _cancel_timers(self) -> None:
+        for handle in (self._deadline_handle, self._pump_handle):
+            if handle is not None:
+                handle.cancel()
+
+    async def shutdown(self) -> None:
+        if self.webtransport is not None:
+            self.webtransport.close()
+        for request in self.requests.values():
+            request.cancel_body_timer()
+        tasks = [r.task for r in self.requests.values() if r.task is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._cancel_timers()

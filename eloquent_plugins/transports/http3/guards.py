@@ -1,0 +1,115 @@
+"""Admission and abuse guards of the HTTP/3 front end (sans-I/O): what a connection may ask of it.
+
+A request is refused with a typed JSON error before the app sees it (missing pseudo-headers, unknown scheme,
+too many concurrent requests on the connection, a declared body over the limit); a body is counted as it
+arrives and must keep arriving (slowloris); datagrams for no live stream are allowed only at a bounded rate.
+Errors a peer causes on the wire (garbage, lies, floods) close the connection with ``ProtocolError.code``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.core.limits import Limits
+from eloquent_plugins.core.protocol import PACKET_OVERHEAD, QUIC_MAX_DATAGRAM_SIZE
+
+STREAM_HIGH_WATER = 256 << 10
+"""Bytes buffered on a plain response stream before ``send`` waits for the client to read."""
+UNROUTABLE_BURST = 256
+UNROUTABLE_RATE = 64.0
+"""Datagrams for no live Eloquent stream (late acks are normal) a client may send: a token bucket."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """An error response the front end sends instead of (or before) the app's."""
+
+    status: int
+    message: str
+    code: str | int
+    """OpenAI's ``error.code`` (a string name, or the status for timeouts)."""
+    error_type: str = "invalid_request_error"
+
+
+class TokenBucket:
+    __slots__ = ("_at", "_tokens", "capacity", "rate")
+
+    def __init__(self, capacity: float, rate: float, now: float) -> None:
+        self.capacity, self.rate, self._tokens, self._at = capacity, rate, capacity, now
+
+    def take(self, now: float) -> bool:
+        self._tokens = min(self.capacity, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
+
+
+def unroutable_bucket(now: float) -> TokenBucket:
+    return TokenBucket(UNROUTABLE_BURST, UNROUTABLE_RATE, now)
+
+
+def connection_limits(limits: Limits) -> Limits:
+    """The limits a connection's streams run under: the datagram budget cut so one Eloquent packet always fits
+    one QUIC packet (a DATAGRAM frame cannot be split; one too large would jam aioquic's queue)."""
+    budget = min(limits.max_datagram_size, QUIC_MAX_DATAGRAM_SIZE - PACKET_OVERHEAD)
+    return replace(limits, max_datagram_size=budget)
+
+
+def body_too_large(limit: int) -> Rejection:
+    return Rejection(413, f"request body exceeds {limit} bytes", "request_too_large")
+
+
+def admit(config: StreamConfig, *, method: bytes | None, path: bytes | None, bad_scheme: str | None,
+          running: int, content_length: bytes | None) -> Rejection | None:
+    """Whether a new request may reach the app; ``running`` counts the connection's requests with a live app."""
+    limits = config.limits
+    if method is None or path is None:
+        return Rejection(400, "missing :method or :path", "invalid_request")
+    if bad_scheme is not None:
+        return Rejection(400, bad_scheme, "invalid_eloquent_scheme")
+    if running >= limits.max_streams:
+        return Rejection(503, f"more than {limits.max_streams} concurrent requests on one connection",
+                         "too_many_streams")
+    if content_length is not None and (not content_length.isdigit()
+                                       or int(content_length) > config.max_request_bytes):
+        return body_too_large(config.max_request_bytes)
+    return None
+
+
+class BodyGuard:
+    """The request body as it arrives: its size against ``max_request_bytes`` and the time of the last chunk
+    against ``body_timeout`` (one lazily moved timer per request, not one per chunk)."""
+
+    __slots__ = ("done", "last_at", "limit", "received", "timeout")
+
+    def __init__(self, config: StreamConfig, now: float) -> None:
+        self.limit = config.max_request_bytes
+        self.timeout = config.body_timeout
+        self.received = 0
+        self.done = False
+        """The body ended, was refused, or is no longer wanted: later chunks are dropped."""
+        self.last_at = now
+
+    def feed(self, size: int, ended: bool, now: float) -> Rejection | None:
+        """Count a chunk; a Rejection when the body went over the limit (the guard is then done)."""
+        self.received += size
+        if self.received > self.limit:
+            self.done = True
+            return body_too_large(self.limit)
+        self.done = ended
+        if size:
+            self.last_at = now
+        return None
+
+    def deadline(self) -> float | None:
+        """When the body counts as stalled if no byte arrives before (None: no timeout, or the body is in)."""
+        return None if self.done or self.timeout <= 0 else self.last_at + self.timeout
+
+    def stalled(self) -> Rejection:
+        """The body stopped arriving: it is no longer wanted, and this is the answer."""
+        self.done = True
+        return Rejection(408, f"request body not received: no data for {self.timeout:g} s", 408,
+                         error_type="request_timeout")

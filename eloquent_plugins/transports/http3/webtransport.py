@@ -1,0 +1,259 @@
+"""WebTransport on the HTTP/3 front end: browser sessions carrying Eloquent requests (docs/BROWSER.md).
+
+A browser opens a session (extended CONNECT, ``:protocol webtransport``) on the front end's UDP port, at
+``FrontEndOptions.webtransport_path``. Each request is one bidirectional WebTransport stream: a JSON head line
+(``{"method", "path", "headers"}``) and the body, exactly what the HTTP route takes. It becomes an ordinary
+``Request`` of the connection (same ASGI app, so the SSE middleware's ids and resume apply, same guards, same
+``EloquentResponseStream``); only the wire differs:
+
+- the response head is a JSON status line ``{"status", "headers", "stream_id"}`` on the stream, and the body
+  (control records of the datagram path: trailer, fallback; or an error body) follows it as raw stream bytes;
+- the Eloquent packets (their stream id field is the WebTransport stream's id) travel in the SESSION's
+  datagrams, and the browser's acks come back the same way, routed by the packet's stream id.
+
+A session that ends (the CONNECT stream closed or reset) takes its requests with it: the browser continues each
+one over SSE with ``Last-Event-ID``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from aioquic.h3.events import HeadersReceived, WebTransportStreamDataReceived
+
+from eloquent_plugins.core.errors import DecodeError
+from eloquent_plugins.core.protocol import H3_REQUEST_CANCELLED
+from eloquent_plugins.core.wire import peek_stream_id
+from eloquent_plugins.transports.http3.guards import Rejection
+
+if TYPE_CHECKING:
+    from eloquent_plugins.transports.http3.connection import Http3Connection
+
+log = logging.getLogger("eloquent_plugins.transports.http3")
+
+MAX_HEAD_BYTES = 64 << 10
+"""Longest JSON head line a request stream may send (the JS client's limit for the status line too)."""
+DEFAULT_PATH = "/eloquent/wt"
+
+
+@dataclass(slots=True)
+class Session:
+    session_id: int
+    authority: bytes | None
+    origin: bytes | None
+    streams: set[int] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class PendingHead:
+    """A request stream whose JSON head line is not complete yet."""
+
+    session_id: int
+    buffer: bytearray = field(default_factory=bytearray)
+    timer: asyncio.TimerHandle | None = None
+
+
+def is_session_request(event: HeadersReceived) -> bool:
+    """An extended CONNECT for WebTransport."""
+    pseudo = {k: v for k, v in event.headers if k.startswith(b":")}
+    return pseudo.get(b":method") == b"CONNECT" and pseudo.get(b":protocol") == b"webtransport"
+
+
+def parse_head(line: bytes) -> tuple[bytes, bytes, list[tuple[bytes, bytes]]]:
+    """The request head line: method, path and headers (lower-cased names), or DecodeError."""
+    try:
+        head = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        raise DecodeError("the WebTransport request head is not JSON") from None
+    if not isinstance(head, dict):
+        raise DecodeError("the WebTransport request head must be a JSON object")
+    method, path, headers = head.get("method", "POST"), head.get("path"), head.get("headers", {})
+    if not isinstance(method, str) or not method.isalpha() or not isinstance(path, str) or not path.startswith("/"):
+        raise DecodeError("the WebTransport request head needs a method and a path starting with /")
+    if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                for k, v in headers.items()):
+        raise DecodeError("the WebTransport request headers must be an object of strings")
+    try:
+        pairs = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()
+                 if not k.startswith(":")]
+    except UnicodeEncodeError:
+        raise DecodeError("WebTransport request headers must be latin-1") from None
+    return method.upper().encode(), path.encode("utf-8"), pairs
+
+
+def status_line(headers: list[tuple[bytes, bytes]], stream_id: int) -> bytes:
+    """The response head for the browser: ``{"status", "headers", "stream_id"}`` and a newline."""
+    status, out = 200, {}
+    for key, value in headers:
+        if key == b":status":
+            status = int(value)
+        elif not key.startswith(b":"):
+            name, text = key.decode("latin-1"), value.decode("latin-1")
+            out[name] = f"{out[name]}, {text}" if name in out else text
+    return json.dumps({"status": status, "headers": out, "stream_id": stream_id},
+                      separators=(",", ":")).encode() + b"\n"
+
+
+class WebTransportSessions:
+    """The WebTransport sessions of one connection and the request streams they carry."""
+
+    def __init__(self, conn: Http3Connection, path: str) -> None:
+        self.conn = conn
+        self.path = path.encode()
+        self.sessions: dict[int, Session] = {}
+        self.stream_session: dict[int, int] = {}
+        """Request stream id -> its session id (for the datagram prefix, the wire, and routing acks)."""
+        self.pending: dict[int, PendingHead] = {}
+        self.highest = -1
+        """The highest request stream id seen (client bidirectional stream ids only grow)."""
+
+    # ---- sessions ----------------------------------------------------------------------------------------
+    def open_session(self, event: HeadersReceived) -> None:
+        conn = self.conn
+        pseudo = {k: v for k, v in event.headers if k.startswith(b":")}
+        origin = next((v for k, v in event.headers if k == b"origin"), None)
+        path = (pseudo.get(b":path") or b"").partition(b"?")[0]
+        if path != self.path:
+            status = b"404"
+        elif len(self.sessions) >= conn.limits.max_streams:
+            status = b"429"
+        else:
+            status = b"200"
+        headers = [(b":status", status)]
+        if status == b"200":
+            self.sessions[event.stream_id] = Session(event.stream_id, pseudo.get(b":authority"), origin)
+            headers.append((b"sec-webtransport-http3-draft", b"draft02"))
+        if conn.send_headers(event.stream_id, headers, end_stream=status != b"200"):
+            conn.transmit()
+        log.debug("WebTransport session %d on %r: %s", event.stream_id, path, status.decode())
+
+    def is_session(self, stream_id: int) -> bool:
+        return stream_id in self.sessions
+
+    def session_data(self, stream_id: int, ended: bool) -> bool:
+        """Data on a CONNECT stream (capsules: ignored); its end closes the session. False: not a session."""
+        if stream_id not in self.sessions:
+            return False
+        if ended:
+            self.close_session(stream_id)
+        return True
+
+    def stream_gone(self, stream_id: int) -> None:
+        """A stream was reset or stopped by the peer: a session ends, a pending head is forgotten."""
+        if stream_id in self.sessions:
+            self.close_session(stream_id)
+        pending = self.pending.pop(stream_id, None)
+        if pending is not None and pending.timer is not None:
+            pending.timer.cancel()
+
+    def close_session(self, session_id: int) -> None:
+        session = self.sessions.pop(session_id, None)
+        if session is None:
+            return
+        conn = self.conn
+        for stream_id in sorted(session.streams):
+            self.stream_gone(stream_id)
+            request = conn.requests.get(stream_id)
+            if request is not None:
+                request.disconnect()
+            conn.drop_stream(stream_id)
+            conn.reset(stream_id, H3_REQUEST_CANCELLED)
+            self.stream_session.pop(stream_id, None)
+        with contextlib.suppress(Exception):  # our side of the CONNECT stream may be closed already
+            conn.quic.send_stream_data(session_id, b"", end_stream=True)
+        conn.transmit()
+
+    # ---- request streams ---------------------------------------------------------------------------------
+    def stream_data(self, event: WebTransportStreamDataReceived) -> None:
+        conn = self.conn
+        stream_id = event.stream_id
+        if stream_id in conn.requests:
+            conn.requests[stream_id].on_body(event.data, event.stream_ended)
+            return
+        pending = self.pending.get(stream_id)
+        if pending is None and (stream_id in self.stream_session or stream_id <= self.highest):
+            return  # a finished or refused request (stream ids only grow): late bytes are dropped
+        session = self.sessions.get(event.session_id)
+        if session is None or stream_id % 4 != 0:  # unknown session, or a unidirectional stream: not ours
+            conn.stop_reading(stream_id, H3_REQUEST_CANCELLED)
+            return
+        if pending is None:
+            self.highest = stream_id
+            pending = self.pending[stream_id] = PendingHead(event.session_id)
+            self.stream_session[stream_id] = event.session_id
+            session.streams.add(stream_id)
+            timeout = conn.state.config.body_timeout
+            if timeout > 0:
+                pending.timer = conn.loop.call_later(timeout, self._head_timeout, stream_id)
+        pending.buffer += event.data
+        newline = pending.buffer.find(b"\n")
+        if newline < 0:
+            if len(pending.buffer) > MAX_HEAD_BYTES:
+                self._refuse(stream_id, Rejection(431, "WebTransport request head too long", "invalid_request"))
+            elif event.stream_ended:
+                self._refuse(stream_id, Rejection(400, "WebTransport request without a head line",
+                                                  "invalid_request"))
+            return
+        self.stream_gone(stream_id)  # the head is complete: no longer pending
+        line, rest = bytes(pending.buffer[:newline]), bytes(pending.buffer[newline + 1:])
+        try:
+            method, path, headers = parse_head(line)
+        except DecodeError as exc:
+            self._refuse(stream_id, Rejection(400, str(exc), "invalid_request"))
+            return
+        if session.authority and not any(k == b"host" for k, _ in headers):
+            headers.insert(0, (b"host", session.authority))
+        if session.origin and not any(k == b"origin" for k, _ in headers):
+            headers.append((b"origin", session.origin))
+        request = conn.open_request(stream_id, method, path, headers, ended=False, transport="webtransport")
+        if request is not None:
+            request.on_body(rest, event.stream_ended)
+
+    def _refuse(self, stream_id: int, refusal: Rejection) -> None:
+        self.stream_gone(stream_id)
+        self.conn.open_request(stream_id, None, None, [], ended=True, transport="webtransport", refusal=refusal)
+
+    def _head_timeout(self, stream_id: int) -> None:
+        pending = self.pending.get(stream_id)
+        if pending is not None:
+            pending.timer = None
+            self._refuse(stream_id, Rejection(408, "WebTransport request head not received in time", 408,
+                                              error_type="request_timeout"))
+
+    # ---- the wire ----------------------------------------------------------------------------------------
+    def carries(self, stream_id: int) -> bool:
+        """A WebTransport request stream (its bytes are raw, its datagrams go on its session)."""
+        return stream_id in self.stream_session
+
+    def datagram_target(self, stream_id: int) -> int:
+        """The stream id whose quarter prefixes the HTTP/3 datagram: the session's for WebTransport."""
+        return self.stream_session.get(stream_id, stream_id)
+
+    def route_datagram(self, session_id: int, data: bytes) -> int | None:
+        """The request stream a session datagram is for (the packet's stream id), None when it names no
+        stream of this session. Raises DecodeError for a datagram that is no Eloquent packet."""
+        stream_id = peek_stream_id(data)
+        return stream_id if self.stream_session.get(stream_id) == session_id else None
+
+    def write_head(self, stream_id: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.conn.quic.send_stream_data(stream_id, status_line(headers, stream_id), end_stream=False)
+
+    def write(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+        self.conn.quic.send_stream_data(stream_id, data, end_stream=end_stream)
+
+    def forget(self, stream_id: int) -> None:
+        """A request stream is over on both sides."""
+        session_id = self.stream_session.pop(stream_id, None)
+        if session_id is not None and (session := self.sessions.get(session_id)) is not None:
+            session.streams.discard(stream_id)
+
+    def close(self) -> None:
+        for pending in self.pending.values():
+            if pending.timer is not None:
+                pending.timer.cancel()
+        self.pending.clear()

@@ -1,0 +1,345 @@
+"""One request through the middleware: pass-through, a refused stream, or the producer side of a new stream.
+
+The app's response start decides the mode: a ``200 text/event-stream`` becomes a stream (ids, replay store,
+keep-alives, a connection that writes it to the client), unless its caller is over ``max_streams_per_client``;
+anything else passes through byte for byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from eloquent_plugins.core.hooks.manager import StreamHooks
+from eloquent_plugins.core.hooks.specs import StreamInfo
+from eloquent_plugins.transports.asgi import Message, Receive, Scope, Send
+from eloquent_plugins.transports.metrics import transport_label
+from eloquent_plugins.transports.resume.base import StreamMeta
+from eloquent_plugins.transports.resume.local import LocalSource
+from eloquent_plugins.transports.resume.log import StreamLog
+from eloquent_plugins.transports.sse.connection import Connection
+from eloquent_plugins.transports.sse.headers import is_event_stream, json_error, respond, stream_headers
+from eloquent_plugins.transports.sse.ids import identity_hash, new_stream_id, new_token
+from eloquent_plugins.transports.sse.limits import Slot
+from eloquent_plugins.transports.sse.producer import Producer
+from eloquent_plugins.transports.sse.receive import ReceiveRelay
+from eloquent_plugins.transports.telemetry import StreamSpan
+
+if TYPE_CHECKING:
+    from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+
+log = logging.getLogger("eloquent_plugins.transports.sse")
+
+MAX_LAG_EVENTS = 1024
+"""A connected client this many events behind makes the app's ``send`` wait (bounded memory per stream)."""
+_PRIVATE_LOG_EVENTS = 4 * MAX_LAG_EVENTS
+STORE_DOUBT = 60.0
+"""Seconds the producer keeps generating while the store cannot say whether anyone reads the stream elsewhere
+(a reader on another replica holds its lease there); past it, a stream nobody reads here is abandoned."""
+
+
+class Mode(Enum):
+    """What this exchange does with the app's messages; decided once, by the response start."""
+
+    UNDECIDED = "undecided"
+    SSE = "sse"
+    """A stream: the body goes through the producer into the stream log."""
+    PASS = "pass"
+    """Not a stream: every message passes through untouched."""
+    REFUSED = "refused"
+    """Over the per-client stream limit (429) or the memory budget (503): the refusal went out, the app's messages
+    are dropped."""
+
+
+_SSE, _PASS = Mode.SSE, Mode.PASS  # ``app_send`` runs per event: a global read, not an Enum attribute lookup
+
+
+class Exchange:
+    __slots__ = ("mw", "scope", "send", "relay", "mode", "started", "log", "producer", "conn", "token", "hooks",
+                 "info", "abandon", "span", "slot", "local_readers", "seen_at")
+
+    def __init__(self, mw: EloquentMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
+        self.mw = mw
+        self.scope = scope
+        self.send = send
+        self.relay = ReceiveRelay(receive)
+        self.mode = Mode.UNDECIDED
+        self.started = time.monotonic()
+        self.log: StreamLog | None = None
+        self.producer: Producer | None = None
+        self.conn: Connection | None = None
+        self.token: str | None = None
+        self.hooks: StreamHooks | None = None
+        self.info: StreamInfo | None = None
+        self.abandon: asyncio.Task[None] | None = None
+        self.span: Any = None
+        self.slot: Slot | None = None
+        """What this stream counts against ``max_streams_per_client``, until released."""
+        self.local_readers = 0
+        """Resume connections reading this stream in this process (they count as readers without the store)."""
+        self.seen_at = 0.0
+        """When (Unix time) its owner last asked for or stopped reading this stream here (``reader_seen``)."""
+
+    async def run(self) -> None:
+        try:
+            await self.mw.app(self.scope, self.relay.receive, self.app_send)
+        except Exception as exc:
+            if self.mode is Mode.REFUSED:  # the 429 is out; the app failed on being told its client left
+                log.debug("refused stream: the app ended with %r", exc)
+                return
+            if self.mode is not Mode.SSE or self.producer is None or self.producer.log.closed:
+                raise
+            assert self.info is not None
+            log.error("stream=%s engine failed after the response started: %r", self.info.stream_id, exc,
+                      exc_info=exc)
+            self.producer.fail(exc)
+        finally:
+            self.relay.close()
+            try:
+                if self.mode is Mode.SSE:
+                    await self._finish()
+            finally:
+                self._release_slot()
+
+    async def app_send(self, message: Message) -> None:
+        mode = self.mode
+        if mode is _SSE:
+            if message["type"] == "http.response.body":
+                producer = self.producer
+                assert producer is not None
+                body = message.get("body", b"")
+                if body:
+                    conn = self.conn
+                    if conn is not None and conn.claim():
+                        producer.feed(body)
+                        await conn.write_claimed()
+                    else:
+                        producer.feed(body)
+                if not message.get("more_body", False):
+                    producer.close("complete")
+                else:
+                    conn = self.conn
+                    if conn is not None and not conn.gone:
+                        stream_log = producer.log
+                        if conn.max_queued and stream_log.appended - conn.offset > conn.max_queued:
+                            conn.overflow()  # a client that does not read: cut it (it may resume)
+                        elif stream_log.base + len(stream_log.frames) - conn.cursor > MAX_LAG_EVENTS:
+                            await self._backpressure(conn, stream_log)
+            return
+        if mode is _PASS:
+            await self.send(message)
+            return
+        if mode is Mode.REFUSED:
+            return  # the 429 went out; the app is being told the client left
+        if (message["type"] == "http.response.start" and message.get("status", 200) == 200
+                and is_event_stream(message.get("headers", ()))):
+            self.slot = self.mw.limits.acquire(self.scope)
+            if self.slot is None:
+                self.mode = Mode.REFUSED
+                await self._refuse()
+                return
+            if not self.mw.budget.admit():
+                self.mode = Mode.REFUSED
+                await self._refuse_over_budget()
+                return
+            self.mode = Mode.SSE
+            await self._start(message)
+        else:
+            self.mode = Mode.PASS
+            await self.send(message)
+
+    async def _start(self, message: Message) -> None:
+        mw, scope = self.mw, self.scope
+        store, metrics = mw.store, mw.metrics
+        path = scope.get("path", "")
+        codec = mw.codec_for(path)
+        stream_id = new_stream_id()
+        transport = transport_label(scope)
+        self.info = StreamInfo(stream_id, route=path, transport="sse", codec=codec.name)
+        self.hooks = StreamHooks(mw.pm, self.info)
+        token: str | None = None
+        stream_log: StreamLog | None = None
+        meta: StreamMeta | None = None
+        if store is not None:
+            token = new_token()
+            new_log = getattr(store, "new_log", None)
+            stream_log = new_log() if new_log is not None else StreamLog()
+            headers = stream_headers(message.get("headers", ()), token=token)
+            meta = StreamMeta(stream_id, identity_hash(scope, mw.identity), 200, tuple(headers), path, codec.name,
+                              time.time())
+            try:
+                await store.create(token, meta, stream_log)
+            except Exception as exc:  # one line, not a traceback per request (the store was checked at start)
+                log.warning("stream=%s resume store unavailable (%s): this stream is not resumable", stream_id,
+                            exc.__class__.__name__ + (f": {exc}" if str(exc) else ""))
+                token = None
+        if token is None:
+            store = None
+            stream_log = StreamLog(max_events=_PRIVATE_LOG_EVENTS, max_bytes=64 << 20)
+            headers = stream_headers(message.get("headers", ()), token=None)
+            meta = StreamMeta(stream_id, "", 200, tuple(headers), path, codec.name, time.time())
+        assert stream_log is not None and meta is not None
+        self.token, self.log = token, stream_log
+        mw.budget.add_stream(stream_log, resumable=token is not None)
+        if token is not None:
+            mw.exchanges[token] = self
+        self.producer = Producer(stream_log, token=token, hooks=self.hooks, codec=codec, metrics=metrics,
+                                 started=self.started)
+        metrics.start(transport)
+        metrics.active_streams += 1
+        metrics.active_connections += 1
+        log.info("stream=%s started: %s %s (transport: %s, resumable: %s)", stream_id, scope.get("method"), path,
+                 transport, token is not None)
+        self.span = StreamSpan.start(mw.tracer, stream_id=stream_id, transport=transport, route=path,
+                                     codec=codec.name, resumable=token is not None)
+        if token is not None and self.span.span is not None:
+            mw.spans[token] = self.span
+        self.hooks.start()
+        await self.send({"type": "http.response.start", "status": 200, "headers": headers})
+        self.conn = Connection(self.send, LocalSource(meta, stream_log), 0, policy=mw.policy,
+                               send_timeout=mw.config.send_timeout, metrics=metrics, merge=mw.merge_for(codec),
+                               coalesce=mw.config.coalesce, max_queued=mw.config.max_queued_bytes)
+        mw.budget.add_reader(stream_log, self.conn)
+        task = self.conn.start()
+        task.add_done_callback(self._connection_done)
+        if store is not None:
+            self.relay.hold()
+        self.relay.on_gone(self._client_gone)
+        self.relay.watch()
+
+    def _release_slot(self) -> None:
+        """Idempotent: the stream ended, or its client left (a resume is not counted again)."""
+        if self.slot is not None:
+            self.slot.release()
+
+    async def _refuse(self) -> None:
+        mw, scope = self.mw, self.scope
+        mw.metrics.streams_refused += 1
+        log.info("stream refused: %s %s: the caller already holds %d live streams", scope.get("method"),
+                 scope.get("path"), mw.limits.max_streams)
+        self.relay.disconnect()  # the app sees its client gone and stops generating
+        await respond(self.send, *mw.limits.refusal(mw.router, scope.get("path", "")))
+
+    async def _refuse_over_budget(self) -> None:
+        mw, scope = self.mw, self.scope
+        self._release_slot()
+        log.warning("stream refused: %s %s: the stream logs hold the memory budget (%d bytes)", scope.get("method"),
+                    scope.get("path"), mw.budget.limit)
+        self.relay.disconnect()  # the app sees its client gone and stops generating
+        status, headers, body = json_error(
+            mw.router, scope.get("path", ""), 503, "the server holds as many streamed bytes as it may (memory "
+            "budget); retry shortly", "server_overloaded", type_="server_overloaded")
+        await respond(self.send, status, [*headers, (b"retry-after", mw.budget.retry_after.encode())], body)
+
+    def reader_seen(self, delta: int = 0) -> None:
+        """Its owner asked to resume it here (``delta`` 0), a resume connection here started (+1) or ended (-1):
+        the stream is not abandoned, whatever the store can say."""
+        self.local_readers += delta
+        self.seen_at = time.time()
+
+    def _connection_done(self, task: asyncio.Task[str]) -> None:
+        conn = self.conn
+        if conn is not None and conn.cut:
+            assert self.info is not None
+            if conn.timed_out:
+                log.info("stream=%s client accepted no bytes for %.0fs: connection cut", self.info.stream_id,
+                         self.mw.config.send_timeout)
+            else:
+                log.info("stream=%s client does not read (more than %d bytes queued): connection cut",
+                         self.info.stream_id, conn.max_queued)
+            self.relay.disconnect()
+
+    def _client_gone(self) -> None:
+        self._release_slot()
+        if self.conn is not None:
+            self.conn.disconnect()
+        if self.token is not None and self.log is not None and not self.log.closed and self.abandon is None:
+            self.abandon = asyncio.get_running_loop().create_task(self._watch_abandon())
+
+    async def _watch_abandon(self) -> None:
+        """Keep the engine request running while someone may resume; abort it once nobody has read the stream
+        (on any replica) for the grace period. Decided from recorded times (the client leaving, lease ends), so a
+        late look never mistakes a reader for an absence."""
+        mw, stream_log, token = self.mw, self.log, self.token
+        assert mw.store is not None and stream_log is not None and token is not None and self.info is not None
+        grace = mw.config.resume_grace
+        left_at = time.time()
+        step = min(0.25, grace / 4)
+        failing_since: float | None = None
+        while not stream_log.closed:
+            if grace > 0 or failing_since is not None:
+                await asyncio.sleep(step if grace > 0 else 0.25)
+            asked_at = time.time()  # the answer shows the leases as of this moment or later
+            if self.local_readers > 0:
+                continue  # read here right now (resumed on this replica)
+            try:
+                last = await mw.store.last_watched(token)
+            except Exception as exc:
+                # The store cannot say whether a reader elsewhere holds a lease: not an absence. Keep generating
+                # (a resume here is seen without the store) for STORE_DOUBT seconds.
+                if failing_since is None:
+                    failing_since = asked_at
+                    log.warning("stream=%s cannot read resume leases (%r): not aborting while the store is down",
+                                self.info.stream_id, exc)
+                if asked_at - failing_since < STORE_DOUBT:
+                    continue
+                last = None
+            else:
+                failing_since = None
+            if stream_log.closed:
+                return
+            if asked_at >= max(left_at, self.seen_at, last or 0.0) + grace:
+                log.info("stream=%s abandoned: no reader for %.1fs, aborting the engine request",
+                         self.info.stream_id, grace)
+                self.relay.release()
+                return
+
+    async def _backpressure(self, conn: Connection, stream_log: StreamLog) -> None:
+        while stream_log.next_index - conn.cursor > MAX_LAG_EVENTS // 2 and not conn.gone:
+            await asyncio.sleep(0.005)
+
+    async def _finish(self) -> None:
+        mw, producer, conn = self.mw, self.producer, self.conn
+        if producer is None or self.info is None or self.hooks is None:
+            return  # the stream never got going (its start failed); nothing to clean up
+        metrics = mw.metrics
+        if not producer.log.closed:
+            producer.close("disconnected" if self.relay.client_gone else "complete")
+        reason = producer.log.reason or "complete"
+        if reason == "disconnected":
+            metrics.aborts += 1
+        if self.abandon is not None:
+            self.abandon.cancel()
+        conn_reason = "disconnected"
+        try:
+            if conn is not None:
+                try:
+                    conn_reason = await conn.finished()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("stream=%s connection failed", self.info.stream_id)
+            metrics.active_connections -= 1
+            metrics.active_streams -= 1
+            metrics.ended(reason)
+            if reason == "disconnected" and not mw.budget.reading(producer.log):
+                # Aborted: a resume gets 410 stream_aborted, never these events; keep the answer, not the bytes.
+                producer.log.discard_before(producer.log.next_index)
+            if mw.store is not None and self.token is not None:
+                with contextlib.suppress(Exception):
+                    await mw.store.finish(self.token)
+        finally:
+            if self.token is not None:
+                mw.exchanges.pop(self.token, None)
+            mw.budget.remove_stream(producer.log)  # a finished log is the store's to count from here on
+        self.hooks.end(reason)
+        log.info("stream=%s ended: %s after %d events (first connection: %s)", self.info.stream_id, reason,
+                 producer.events, conn_reason)
+        if self.span is not None:
+            self.span.end(reason, **producer.figures())
+            if self.token is not None:
+                mw.spans.pop(self.token, None)
