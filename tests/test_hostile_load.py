@@ -10,27 +10,22 @@ request over and over meanwhile and must get the exact text every time.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import re
 import socket
 import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import pytest
 
-from tests.support.servers import free_port, wait_for_port
+from tests.support.servers import eloquent_serve_process
 from tests.support.streams import chat_maker, text_of
 
-ELOQUENT = str(Path(sys.executable).with_name("eloquent"))
 HOSTILE = int(os.environ.get("ELOQUENT_TEST_HOSTILE", "150"))
 SECONDS = float(os.environ.get("ELOQUENT_TEST_HOSTILE_SECONDS", "20"))
 """CI runs 150 clients for 20 s; the issue's full case is ELOQUENT_TEST_HOSTILE=500 ELOQUENT_TEST_HOSTILE_SECONDS=120."""
@@ -64,23 +59,9 @@ class Server:
 @contextlib.contextmanager
 def serve(**env: str) -> Iterator[Server]:
     """``eloquent serve`` (SSE only) with these ``ELOQUENT_*`` settings, in its own process."""
-    port = free_port()
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("ELOQUENT_")}
-    environ.update(env)
-    proc = subprocess.Popen([ELOQUENT, "serve", "--port", str(port), "--stream-transport", "sse", "--ttft", "0.01",
-                             "--tpot", "0.01", "--log-level", "warning"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=environ, cwd=tempfile.gettempdir())
-    try:
-        wait_for_port(port, timeout=60, proc=proc)
-        yield Server(port, proc)
-    finally:
-        proc.terminate()
-        try:
-            out, _ = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        print(out.decode(errors="replace")[-3000:])
+    with eloquent_serve_process("--stream-transport", "sse", "--ttft", "0.01", "--tpot", "0.01",
+                                "--log-level", "warning", env=env) as proc:
+        yield Server(proc.port, proc)  # type: ignore[attr-defined]
 
 
 def hostile_socket(port: int, body: bytes) -> socket.socket:

@@ -16,8 +16,6 @@ import os
 import socket
 import ssl
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -37,7 +35,7 @@ from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.h3glue import ALPN, GuardedQuicServer, aioquic_drift
 from eloquent_plugins.transports.http3 import FrontEndOptions, start_http3_server
 from eloquent_plugins.transports.http3.server import quic_server_configuration
-from tests.support.servers import free_port, wait_for_port
+from tests.support.servers import eloquent_serve_process, free_port
 
 SERVER = ("127.0.0.1", 4433)
 CHAT = {"model": "eloquent-builtin", "messages": [{"role": "user", "content": "flood"}], "stream": True}
@@ -285,22 +283,10 @@ FLOOD_RATE = 1000
 def serve_subprocess(port: int) -> Iterator[subprocess.Popen[bytes]]:
     """``eloquent serve`` with a short handshake timeout and idle timeout (8 s: the fake connections plain aioquic
     keeps then expire inside the test window), so the test runs in well under a minute."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ELOQUENT_")}
-    env.update(ELOQUENT_QUIC_HANDSHAKE_TIMEOUT=str(HANDSHAKE_TIMEOUT), ELOQUENT_QUIC_IDLE_TIMEOUT="8")
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("eloquent")), "serve", "--port", str(port),
-                             "--tpot", "0.02", "--ttft", "0.05", "--log-level", "warning"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=tempfile.gettempdir())
-    try:
-        wait_for_port(port, timeout=60, proc=proc)
+    env = {"ELOQUENT_QUIC_HANDSHAKE_TIMEOUT": str(HANDSHAKE_TIMEOUT), "ELOQUENT_QUIC_IDLE_TIMEOUT": "8"}
+    with eloquent_serve_process("--tpot", "0.02", "--ttft", "0.05", "--log-level", "warning", port=port,
+                                env=env) as proc:
         yield proc
-    finally:
-        proc.terminate()
-        try:
-            out, _ = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        print(out.decode(errors="replace")[-2000:])
 
 
 def rss_mb(pid: int) -> float:

@@ -36,17 +36,21 @@ def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen[Any] 
 
 
 @contextlib.contextmanager
-def eloquent_serve(*args: str) -> Iterator[int]:
+def eloquent_serve_process(*args: str, port: int | None = None,
+                           env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
     """``eloquent serve --port P ARGS`` as a user runs it: a subprocess from a temp dir, without the caller's
-    ``ELOQUENT_*`` variables; yields P once it listens, prints the tail of its output on exit."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ELOQUENT_")}
+    ``ELOQUENT_*`` variables (``env`` sets its own); yields the process once P listens, prints the tail of its
+    output on exit."""
+    port = free_port() if port is None else port
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ELOQUENT_")}
+    environ.update(env or {})
     eloquent = str(Path(sys.executable).with_name("eloquent"))
     proc = subprocess.Popen([eloquent, "serve", "--port", str(port), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=tempfile.gettempdir())
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=environ, cwd=tempfile.gettempdir())
+    proc.port = port  # type: ignore[attr-defined]
     try:
         wait_for_port(port, timeout=60, proc=proc)
-        yield port
+        yield proc
     finally:
         proc.terminate()
         try:
@@ -55,6 +59,13 @@ def eloquent_serve(*args: str) -> Iterator[int]:
             proc.kill()
             out, _ = proc.communicate()
         print(out.decode(errors="replace")[-3000:])
+
+
+@contextlib.contextmanager
+def eloquent_serve(*args: str) -> Iterator[int]:
+    """``eloquent_serve_process`` yielding the port."""
+    with eloquent_serve_process(*args) as proc:
+        yield proc.port  # type: ignore[attr-defined]
 
 
 class UvicornThread:

@@ -123,8 +123,8 @@ async def _slow_tokens(text: str, max_tokens: int, delay: float, request_id: str
     finished = False
     try:
         for token in tokens_for(text, max_tokens):
+            produced += 1  # counted before the yield: a cancel can close the generator while it waits there
             yield token
-            produced += 1
             await asyncio.sleep(delay)
         finished = True
     finally:
