@@ -24,7 +24,7 @@ from tests.support.client_servers import CHAT, MODEL, Served, chat_body, eloquen
 
 REPO = Path(__file__).resolve().parents[1]
 LOSSY = PathConfig(loss=0.10, burst=2.0, delay=0.005)
-openai = pytest.importorskip("openai")
+import openai  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-pytest.importorskip("opentelemetry.sdk")
+import opentelemetry.sdk  # noqa: E402,F401  (the [otel]/[test] extra: missing must fail, not skip)
 
 from eloquent_client import EloquentClient  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402

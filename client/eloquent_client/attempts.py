@@ -10,6 +10,7 @@ try's ``offset`` plus its position: a datagram stream resumed after event k is r
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -54,7 +55,7 @@ def status_error(status: int, raw: bytes, headers: Mapping[str, str], what: str,
     return error
 
 
-class Attempt:
+class Attempt(ABC):
     """A response head and its events; ``delivery`` is ``datagram``, ``h3-stream`` or ``sse``."""
 
     delivery: str
@@ -62,11 +63,13 @@ class Attempt:
     headers: dict[str, str]
     offset: int = 0
 
+    @abstractmethod
     def events(self) -> AsyncIterator[tuple[int, ClientEvent]]:
-        raise NotImplementedError
+        """``(index, event)`` from ``offset`` on."""
 
+    @abstractmethod
     async def aclose(self) -> None:
-        raise NotImplementedError
+        """Stop reading and release the request."""
 
 
 class H3Attempt(Attempt):
