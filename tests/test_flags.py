@@ -97,17 +97,9 @@ def test_the_console_script_names_the_bad_variable() -> None:
 
 
 def vllm_parser() -> argparse.ArgumentParser:
-    from eloquent_vllm.cli_hook import install_parser_hook
+    from tests.support.vllm_parser import serve_parser
 
-    parser_class = type("ServeParser", (argparse.ArgumentParser,), {})
-    install_parser_hook(parser_class)
-    parser = parser_class(prog="vllm serve")
-    parser.add_argument("model_tag", nargs="?")
-    parser.add_argument("--middleware", action="append", default=[])
-    parser.add_argument("--api-server-count", type=int, default=None)
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--host", default=None)
-    return parser
+    return serve_parser()
 
 
 @pytest.fixture

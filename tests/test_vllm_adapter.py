@@ -16,6 +16,8 @@ import httpx
 import pytest
 from eloquent_vllm import MIDDLEWARE_PATH
 from eloquent_vllm.cli_hook import install_parser_hook, is_serve_parser
+
+from tests.support.vllm_parser import serve_parser
 from eloquent_vllm.errors import ServeOptionsError
 from eloquent_vllm.implementations import HTTP3_SERVER_ENV, SSE_MIDDLEWARE_ENV
 from eloquent_vllm.middleware import VllmStreamMiddleware
@@ -84,25 +86,6 @@ def _stand_ins(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
     FakeHttp3.started, FakeHttp3.closed, FakeHttp3.fail = [], 0, False
     StampMiddleware.lifespan_seen = []
-
-
-def serve_parser() -> argparse.ArgumentParser:
-    """The slice of vLLM's serve parser the adapter reads, on a fresh class so each test installs its own hook."""
-    parser_class = type("ServeParser", (argparse.ArgumentParser,), {})
-    install_parser_hook(parser_class)
-    parser = parser_class(prog="vllm serve")
-    parser.add_argument("model_tag", nargs="?")
-    parser.add_argument("--middleware", action="append", default=[])
-    parser.add_argument("--api-server-count", type=int, default=None)
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--host", default=None)
-    parser.add_argument("--uds", default=None)
-    parser.add_argument("--headless", action="store_true")
-    parser.add_argument("--data-parallel-size", type=int, default=1)
-    parser.add_argument("--ssl-certfile", default=None)
-    parser.add_argument("--ssl-keyfile", default=None)
-    parser.add_argument("--grpc", action="store_true")
-    return parser
 
 
 def parse_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
