@@ -108,7 +108,7 @@ def test_load_client_counts_a_wrong_text_as_an_error(tmp_path) -> None:
         # The resume storm's check can fail too: a reassembled text other than the expected one is a mismatch.
         async def storm(text: str) -> load_hostile.HostileTally:
             tally = load_hostile.HostileTally(storm_resumes=[0])
-            await load_hostile._storm_stream(0, cfg, port, prompt, text, tally, random.Random(1))
+            await load_hostile._storm_stream(0, cfg, port, prompt, text, tally, random.Random(1), asyncio.Event())
             return tally
 
         bad_storm = asyncio.run(asyncio.wait_for(storm(wrong[prompt]), 30))

@@ -48,6 +48,8 @@ REFUSED_STATUSES = (429, 503)
 _TCP_ESTABLISHED = 1
 _REPLACE_AFTER = 1.0  # seconds before a closed never-reader is replaced: bounds the reconnect rate
 _PATH = "/v1/chat/completions"
+STOP_SECONDS = 10.0
+"""The most the hostile process waits for its tasks to end once told to stop; its final figures go out regardless."""
 END_READ_SECONDS, END_READ_BYTES = 3.0, 1 << 20
 """Bounds on reading out the never-readers after the run, to see what the server did with them."""
 
@@ -122,11 +124,14 @@ def _unread(sock: socket.socket) -> tuple[str, int]:
 
 
 async def _never_reader(i: int, cfg: LoadConfig, port: int, request: bytes, tally: HostileTally,
-                        held: dict[int, socket.socket]) -> None:
-    """Slot ``i``: keep one never-reading connection open, replacing it whenever the server closes it."""
+                        held: dict[int, socket.socket], stop: asyncio.Event) -> None:
+    """Slot ``i``: keep one never-reading connection open, replacing it whenever the server closes it.
+
+    Every loop here also checks ``stop``: on Python 3.11 ``asyncio.wait_for`` can swallow a cancellation that
+    lands as its inner future completes, and a ``while True`` would then run on after the parent said stop."""
     loop = asyncio.get_running_loop()
     await asyncio.sleep(cfg.ramp * i / max(1, cfg.never_readers))
-    while True:
+    while not stop.is_set():
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, NEVER_READER_RCVBUF)  # before connect: the window
         sock.setblocking(False)
@@ -142,6 +147,8 @@ async def _never_reader(i: int, cfg: LoadConfig, port: int, request: bytes, tall
         held[i] = sock
         try:
             while _tcp_state(sock) == _TCP_ESTABLISHED:
+                if stop.is_set():
+                    return  # still held: read out by _never_readers_at_end
                 await asyncio.sleep(1.0)
             closed_as = _unread(sock)[0]
         except OSError as exc:
@@ -196,7 +203,7 @@ async def _never_readers_at_end(held: dict[int, socket.socket]) -> dict[str, Any
 # -- fake Initials -------------------------------------------------------------------------------------------------
 
 
-async def _fake_initials(cfg: LoadConfig, udp_port: int, tally: HostileTally) -> None:
+async def _fake_initials(cfg: LoadConfig, udp_port: int, tally: HostileTally, stop: asyncio.Event) -> None:
     """``cfg.fake_initials_per_s`` fake Initials per second, paced in 10 ms steps (no catch-up burst over 1 s)."""
     loop = asyncio.get_running_loop()
     rng = random.Random()
@@ -220,7 +227,7 @@ async def _fake_initials(cfg: LoadConfig, udp_port: int, tally: HostileTally) ->
     start = time.monotonic()
     due_sent = 0
     try:
-        while True:
+        while not stop.is_set():
             tally.initials_seconds = time.monotonic() - start
             due = int(tally.initials_seconds * cfg.fake_initials_per_s) - due_sent
             for _ in range(min(due, int(cfg.fake_initials_per_s) + 1)):
@@ -287,7 +294,7 @@ class _StormStream:
 
 
 async def _storm_stream(client: int, cfg: LoadConfig, port: int, prompt: str, expected: str, tally: HostileTally,
-                        rng: random.Random) -> None:
+                        rng: random.Random, stop: asyncio.Event) -> None:
     """One storm stream from start to end; its verdict goes into ``tally``."""
     from eloquent_plugins.cli.bench.lighthttp import Connection, ResponseError
 
@@ -297,6 +304,8 @@ async def _storm_stream(client: int, cfg: LoadConfig, port: int, prompt: str, ex
     most = max(1, cfg.max_tokens // 4)
     first = True
     while not stream.done:
+        if stop.is_set():
+            return  # the run is over: neither a verdict nor an error
         if time.monotonic() > deadline:
             tally.note(tally.storm_errors, "storm stream did not end in time")
             return
@@ -342,18 +351,18 @@ async def _storm_stream(client: int, cfg: LoadConfig, port: int, prompt: str, ex
 
 
 async def _storm_client(client: int, cfg: LoadConfig, port: int, expected: dict[str, str],
-                        tally: HostileTally) -> None:
+                        tally: HostileTally, stop: asyncio.Event) -> None:
     rng = random.Random(client)
     prompts = list(expected)
     await asyncio.sleep(cfg.ramp * client / max(1, cfg.resume_storm))
     i = 0
-    while True:
+    while not stop.is_set():
         prompt = prompts[(client * 7 + i) % len(prompts)]
         i += 1
         tally.storm_started += 1
         errors = sum(tally.storm_errors.values()) + sum(tally.storm_refused.values())
         try:
-            await _storm_stream(client, cfg, port, prompt, expected[prompt], tally, rng)
+            await _storm_stream(client, cfg, port, prompt, expected[prompt], tally, rng, stop)
         except asyncio.CancelledError:
             tally.storm_cancelled += 1
             raise
@@ -370,14 +379,21 @@ async def hostile_main(cfg: LoadConfig, port: int, udp_port: int, expected: dict
     loop = asyncio.get_running_loop()
     tally = HostileTally(storm_resumes=[0] * cfg.resume_storm)
     stop = asyncio.Event()
-    loop.add_reader(pipe.fileno(), stop.set)  # any message from the parent means stop
+
+    def parent_said_stop() -> None:
+        """Any message from the parent means stop; the reader is level-triggered, so it goes at once."""
+        loop.remove_reader(pipe.fileno())
+        stop.set()
+
+    loop.add_reader(pipe.fileno(), parent_said_stop)
     held: dict[int, socket.socket] = {}
     request = _request_bytes(port, _chat_body(next(iter(expected)), cfg.max_tokens, True))
-    tasks = [asyncio.create_task(_never_reader(i, cfg, port, request, tally, held))
+    tasks = [asyncio.create_task(_never_reader(i, cfg, port, request, tally, held, stop))
              for i in range(cfg.never_readers)]
-    tasks += [asyncio.create_task(_storm_client(i, cfg, port, expected, tally)) for i in range(cfg.resume_storm)]
+    tasks += [asyncio.create_task(_storm_client(i, cfg, port, expected, tally, stop))
+              for i in range(cfg.resume_storm)]
     if cfg.fake_initials_per_s > 0:
-        tasks.append(asyncio.create_task(_fake_initials(cfg, udp_port, tally)))
+        tasks.append(asyncio.create_task(_fake_initials(cfg, udp_port, tally, stop)))
 
     async def report() -> None:
         while True:
@@ -389,11 +405,14 @@ async def hostile_main(cfg: LoadConfig, port: int, udp_port: int, expected: dict
         await asyncio.wait_for(stop.wait(), cfg.ramp + cfg.duration + 60)
     except TimeoutError:
         pass
+    stop.set()
     loop.remove_reader(pipe.fileno())
     for task in (*tasks, reporter):
         task.cancel()
-    await asyncio.gather(*tasks, reporter, return_exceptions=True)
+    _done, stuck = await asyncio.wait([*tasks, reporter], timeout=STOP_SECONDS)
+    for task in stuck:  # a cancellation wait_for swallowed: the stop flag ends the loop at its next turn
+        task.cancel()
     end = await _never_readers_at_end(held)
     config = {name: getattr(cfg, name) for name in ("never_readers", "fake_initials_per_s", "resume_storm")}
     figures = {f.name: getattr(tally, f.name) for f in fields(tally)}  # not asdict: it mangles Counters
-    pipe.send({"final": True, "config": config, "never_at_end": end, **figures})
+    pipe.send({"final": True, "config": config, "never_at_end": end, "tasks_not_stopped": len(stuck), **figures})
