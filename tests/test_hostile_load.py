@@ -5,7 +5,8 @@ The scenario runs against a real ``eloquent serve`` subprocess with a small memo
 and per-stream queue bound (``max_queued_bytes``): ``HOSTILE`` raw sockets with a tiny receive buffer send a
 long streaming request and never read a byte. Measured: the server's RSS (``/proc/PID/status``), the built-in
 engine's running requests (``/v1/engine/stats``), the middleware's metrics; a normal client streams the same
-request over and over meanwhile and must get the exact text every time.
+request over and over meanwhile and must get the exact text every time (never a 503). The server's RSS may not
+grow by more than the configured budget.
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ from tests.support.streams import chat_maker, text_of
 HOSTILE = int(os.environ.get("ELOQUENT_TEST_HOSTILE", "150"))
 SECONDS = float(os.environ.get("ELOQUENT_TEST_HOSTILE_SECONDS", "20"))
 """CI runs 150 clients for 20 s; the issue's full case is ELOQUENT_TEST_HOSTILE=500 ELOQUENT_TEST_HOSTILE_SECONDS=120."""
-BUDGET = max(32 << 20, HOSTILE * (128 << 10))
-"""Room for every non-reader's queue bound plus its log until it is cut (32 MiB for 150 clients, 62.5 for 500)."""
+BUDGET = max(48 << 20, HOSTILE * (128 << 10))
+"""The memory budget (48 MiB for 150 clients, 62.5 for 500): the server's RSS may not grow by more (150 clients
+grew it by 28-32 MiB here, so the floor leaves room for a slower CI machine's engine catch-up). It counts
+what the process holds for its streams (``sse/budget.py``): logs with their objects, a reserve per live stream,
+the bytes uvicorn buffers for each client (``eloquent.socket``)."""
 QUEUED = 32 << 10
 GRACE = 1.0
 SEND_TIMEOUT = 3.0
-RSS_MARGIN = max(48 << 20, HOSTILE * (160 << 10))
-"""What the process may add over its warm baseline besides the budget: per-connection objects, uvicorn's write
-buffers (flow control: 64 KiB each), the allocator's slack."""
 
 chat = chat_maker(max_tokens=40, prompt="normal client {seed}", seed=7)
 
@@ -141,11 +142,13 @@ async def test_clients_that_never_read_are_cut_and_bounded_while_a_normal_client
             timed_out = metric(metrics, "eloquent_sse_send_timeouts_total")
             print(f"send timeouts {timed_out:.0f}")
             held = metric(metrics, "eloquent_sse_bytes_held")
-            print(f"clients cut {cut:.0f}, bytes held {held:.0f}, most held {max(x[3] for x in samples)} MiB")
+            print(f"clients cut {cut:.0f}, bytes held {held:.0f}, most held {max(x[3] for x in samples)} MiB, "
+                  f"cut streams shed {metric(metrics, 'eloquent_sse_cut_streams_shed_total'):.0f}, "
+                  f"budget refusals {metric(metrics, 'eloquent_sse_budget_refusals_total'):.0f}")
             assert running_peak >= HOSTILE // 2  # the hostile streams did start
             assert cut + timed_out >= HOSTILE * 0.9  # every non-reader was cut
             assert stats["running"] <= 1  # their engine requests were aborted after the grace
             assert stats["aborted"] >= HOSTILE * 0.9
             assert held <= BUDGET
-            assert peak - baseline < BUDGET + RSS_MARGIN
+            assert peak - baseline < BUDGET
             assert served >= 10

@@ -1,27 +1,49 @@
 """Issue 18's bounds on the SSE path, part by part: the per-client queue bound (``max_queued_bytes``), the memory
-budget's policy (``max_held_bytes``: finished streams evicted oldest first, then written history, then a 503 with
-``Retry-After`` for new streams), and the receive relay delivering a disconnect it decided itself to an app whose
-own read never returns (a cut client's engine request is aborted). The whole thing under load:
+budget's count (frames with their objects, a reserve per stream, the server's unsent bytes through the
+``eloquent.socket`` extension) and policy (``max_held_bytes``: finished streams evicted oldest first, then written
+history, then the streams of clients we cut that have not resumed, then the clients with most queued cut, then a
+503 with ``Retry-After`` for new streams), and the receive relay delivering a disconnect it decided itself to an
+app whose own read never returns (a cut client's engine request is aborted). The whole thing under load:
 ``tests/test_hostile_load.py``."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
+import socket
 from typing import Any
+
+import httpx
 
 from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.core.keepalive import KeepAlivePolicy
+from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.transports.metrics import StreamMetrics
 from eloquent_plugins.transports.resume.base import StreamMeta
 from eloquent_plugins.transports.resume.local import LocalSource
 from eloquent_plugins.transports.resume.log import StreamLog
+from eloquent_plugins.transports.request_timeouts import header_timeout_protocol
 from eloquent_plugins.transports.resume.memory import MemoryStore
-from eloquent_plugins.transports.sse.budget import StreamBudget
+from eloquent_plugins.transports.sse import budget as budget_module
+from eloquent_plugins.transports.sse.budget import (
+    FRAME_OVERHEAD,
+    HIGH_WATER,
+    LOW_WATER,
+    STREAM_RESERVE,
+    StreamBudget,
+)
 from eloquent_plugins.transports.sse.connection import Connection
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 from eloquent_plugins.transports.sse.receive import ReceiveRelay
-from tests.support.streams import wait_until
+from eloquent_plugins.transports.sse.socket_control import (
+    SOCKET_EXTENSION,
+    STALLED_SEND_BYTES,
+    SocketControl,
+    socket_control,
+)
+from tests.support.servers import UvicornThread
+from tests.support.streams import chat_maker, wait_until
 
 META = StreamMeta("s-1", "", 200, ())
 NO_KEEPALIVE = KeepAlivePolicy(interval=0.0)
@@ -95,54 +117,279 @@ def finished_log(size: int) -> StreamLog:
     return log
 
 
-async def test_budget_evicts_finished_streams_oldest_first_then_written_history_then_refuses():
+def exact_budget(limit: int, store: MemoryStore | None, metrics: StreamMetrics, **kw: Any) -> StreamBudget:
+    """A budget that counts payload bytes only (no per-frame overhead, no per-stream reserve): exact arithmetic.
+    Shedding starts at 75% (``HIGH_WATER``) and frees down to 65% (``LOW_WATER``)."""
+    assert (HIGH_WATER, LOW_WATER) == (0.75, 0.65)
+    return StreamBudget(limit, store, metrics, frame_overhead=0, stream_reserve=0, **kw)
+
+
+def reader_at(log: StreamLog, cursor: int, metrics: StreamMetrics) -> Connection:
+    return Connection(StuckSend(), LocalSource(META, log), cursor, policy=NO_KEEPALIVE, send_timeout=30.0,
+                      metrics=metrics)
+
+
+class Abandon:
+    """A stream's ``abandon`` callback (``Exchange._shed``): records the calls, answers ``give_up``."""
+
+    def __init__(self, give_up: bool = True) -> None:
+        self.give_up = give_up
+        self.calls = 0
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        return self.give_up
+
+
+async def test_budget_sheds_finished_then_written_history_then_cut_streams_then_refuses():
     store = MemoryStore()
     metrics = StreamMetrics()
-    budget = StreamBudget(3000, store, metrics, retry_after=5)
+    budget = exact_budget(4000, store, metrics, retry_after=5)
     for token, size in (("old", 1000), ("mid", 1000), ("new", 1000)):
         await store.create(token, META, finished_log(size))
         await store.finish(token)
     assert budget.held() == 3000 and metrics.held is not None and metrics.held() == 3000
-    # At the budget: shed down to 90% (2700): the oldest finished stream goes, the others stay; then admitted.
-    assert budget.admit()
+    # At 75% of the budget: shed down to 65% (2600): the oldest finished stream goes, the others stay.
+    assert budget.enforce() == 2000
     assert await store.open("old") is None
     assert await store.open("mid") is not None and await store.open("new") is not None
-    assert budget.held() == 2000 and store.evicted == 1
+    assert store.evicted == 1
 
     # A live stream read by a client that has been written 1500 of its 2000 bytes.
     live = StreamLog()
     frames(live, 20)
-    budget.add_stream(live, resumable=True)
-    reader = Connection(StuckSend(), LocalSource(META, live), 15, policy=NO_KEEPALIVE, send_timeout=30.0,
-                        metrics=metrics)
-    budget.add_reader(live, reader)
+    budget.add_stream(live, resumable=True, abandon=Abandon())
+    budget.add_reader(live, reader_at(live, 15, metrics))
     assert budget.held() == 4000
     # Finished streams go first ("mid", then "new"), before anything live is touched.
-    assert budget.enforce() <= 2700
+    assert budget.enforce() == 2000
     assert await store.open("mid") is None and await store.open("new") is None
-    assert live.base == 0 and budget.held() == 2000 and metrics.history_shed_bytes == 0
+    assert live.base == 0 and metrics.history_shed_bytes == 0
 
-    # Another live stream whose client left (resumable: kept for a resume), 2000 bytes: over the budget again.
-    left = StreamLog()
-    frames(left, 20)
-    budget.add_stream(left, resumable=True)
-    assert budget.held() == 4000
-    budget.enforce()
-    # Nothing finished is left: the written history of the read stream goes (up to its reader's cursor), the
-    # stream nobody reads keeps everything a resume needs.
-    assert live.base == 15 and metrics.history_shed_bytes == 1500 and left.base == 0
-    assert budget.held() == 2500
-    assert budget.admit()  # under the budget now
+    # A stream whose client we cut (it did not read), 800 bytes, and one whose client left on its own, 1000 bytes.
+    cut, cut_abandon = StreamLog(), Abandon()
+    frames(cut, 8)
+    budget.add_stream(cut, resumable=True, abandon=cut_abandon)
+    cut_reader = reader_at(cut, 2, metrics)
+    budget.add_reader(cut, cut_reader)
+    cut_reader.overflow()
+    left, left_abandon = StreamLog(), Abandon()
+    frames(left, 10)
+    budget.add_stream(left, resumable=True, abandon=left_abandon)
+    left_reader = reader_at(left, 3, metrics)
+    budget.add_reader(left, left_reader)
+    left_reader.disconnect()
+    assert budget.held() == 3800
+    # Written history is enough this time (1500 freed: 2300 <= 2600): the cut stream is kept.
+    assert budget.enforce() == 2300
+    assert live.base == 15 and metrics.history_shed_bytes == 1500
+    assert cut_abandon.calls == 0 and cut.base == 0 and left.base == 0
 
-    frames(left, 10)  # 3500 held, nothing more to shed: new streams are refused
+    frames(left, 10)  # 3300: no written history left to drop; the cut stream goes, the one whose client left stays
+    assert budget.enforce() == 2500
+    assert cut_abandon.calls == 1 and not cut.frames and cut.next_index == 8 and metrics.cut_streams_shed == 1
+    assert left_abandon.calls == 0 and left.base == 0 and len(left.frames) == 20
+    assert budget.admit()  # under the budget
+
+    frames(left, 20)  # 4500 held, nothing more to shed: new streams are refused until some memory is freed
     assert not budget.admit() and metrics.budget_refusals == 1 and budget.retry_after == "5"
+    assert cut_abandon.calls == 1 and left_abandon.calls == 0
     budget.remove_stream(left)
     assert budget.admit()
+    metrics_text = metrics.render()[0].decode()
+    assert "eloquent_sse_cut_streams_shed_total 1.0" in metrics_text
+
+
+async def test_a_cut_stream_read_again_is_kept():
+    """A cut client that resumed (here: a connected reader; elsewhere: ``abandon`` says so) keeps its stream."""
+    metrics = StreamMetrics()
+    budget = exact_budget(1000, None, metrics)
+    elsewhere, elsewhere_abandon = StreamLog(), Abandon(give_up=False)  # read on another replica (a lease)
+    frames(elsewhere, 10)
+    budget.add_stream(elsewhere, resumable=True, abandon=elsewhere_abandon)
+    first = reader_at(elsewhere, 10, metrics)
+    budget.add_reader(elsewhere, first)
+    first.overflow()
+    here, here_abandon = StreamLog(), Abandon()
+    frames(here, 10)
+    budget.add_stream(here, resumable=True, abandon=here_abandon)
+    cut = reader_at(here, 4, metrics)
+    budget.add_reader(here, cut)
+    cut.overflow()
+    budget.add_reader(here, reader_at(here, 4, metrics))  # its resume, reading here
+    assert budget.enforce() == 1600  # only the history its resume has been written goes
+    # Asked in step 3, and again once the budget was still reached after step 4 (nobody to cut): kept both times.
+    assert elsewhere_abandon.calls == 2 and here_abandon.calls == 0 and metrics.cut_streams_shed == 0
+    assert len(elsewhere.frames) == 10 and here.base == 4 and len(here.frames) == 6 and not budget.admit()
+
+
+async def test_at_the_budget_the_clients_with_most_queued_are_cut_and_their_streams_given_up():
+    metrics = StreamMetrics()
+    budget = exact_budget(30_000, None, metrics)
+    stuck, abandon = StreamLog(), Abandon()
+    frames(stuck, 200, size=200)  # 40 KB queued for a client that has been written nothing
+    budget.add_stream(stuck, resumable=True, abandon=abandon)
+    conn = reader_at(stuck, 0, metrics)
+    budget.add_reader(stuck, conn)
+    reading, reading_abandon = StreamLog(), Abandon()  # a client a few events behind: not cut
+    frames(reading, 10)
+    budget.add_stream(reading, resumable=True, abandon=reading_abandon)
+    behind = reader_at(reading, 5, metrics)
+    budget.add_reader(reading, behind)
+    assert budget.held() == 41_000
+    # Nothing finished, no written history to drop, no cut client: step 4 cuts the reader with the most queued,
+    # and since the budget is still reached, its stream goes as in step 3.
+    assert budget.enforce() == 500
+    assert conn.cut and abandon.calls == 1 and not stuck.frames and metrics.cut_streams_shed == 1
+    assert not behind.gone and reading_abandon.calls == 0 and reading.base == 5
+
+
+def cut_stream(budget: StreamBudget, events: int, metrics: StreamMetrics) -> tuple[StreamLog, Abandon]:
+    log, abandon = StreamLog(), Abandon()
+    frames(log, events)
+    budget.add_stream(log, resumable=True, abandon=abandon)
+    conn = reader_at(log, 2, metrics)
+    budget.add_reader(log, conn)
+    conn.overflow()
+    return log, abandon
+
+
+async def test_while_memory_is_tight_a_cut_client_loses_its_stream_at_once():
+    metrics = StreamMetrics()
+    budget = exact_budget(10_000, None, metrics)
+    calm, calm_abandon = cut_stream(budget, 10, metrics)
+    budget.client_cut(calm)  # far from the budget: kept for a resume within the grace
+    assert calm_abandon.calls == 0 and len(calm.frames) == 10
+
+    queued = StreamLog()  # 7000 bytes queued for a connected client: nothing the budget may drop
+    frames(queued, 70)
+    budget.add_stream(queued, resumable=False)
+    budget.add_reader(queued, reader_at(queued, 0, metrics))
+    assert budget.enforce() == 7000  # past 75%: the calm stream's client was cut, so it goes
+    assert calm_abandon.calls == 1 and metrics.cut_streams_shed == 1
+    budget.remove_stream(queued)
+    assert budget.enforce() == 0
+    # The budget had to shed moments ago: a client cut now loses its stream at once, though the total is low.
+    tight, tight_abandon = cut_stream(budget, 10, metrics)
+    budget.client_cut(tight)
+    assert tight_abandon.calls == 1 and not tight.frames and metrics.cut_streams_shed == 2
+
+
+async def test_the_budget_counts_frame_objects_stream_reserves_and_unsent_bytes():
+    metrics = StreamMetrics()
+    budget = StreamBudget(10 << 20, None, metrics)
+    log = StreamLog()
+    frames(log, 10)
+    aborted: list[bool] = []
+    buffered = [5000]
+    socket = SocketControl(abort=lambda: aborted.append(True), unsent=lambda: buffered[0])
+    conn = Connection(StuckSend(), LocalSource(META, log), 10, policy=NO_KEEPALIVE, send_timeout=30.0,
+                      metrics=metrics, socket=socket)
+    budget.add_stream(log, resumable=True)
+    budget.add_reader(log, conn)
+    assert budget.held() == 1000 + 10 * FRAME_OVERHEAD + STREAM_RESERVE + 5000
+    assert budget.unsent() == 5000 and metrics.unsent is not None and metrics.unsent() == 5000
+    assert "eloquent_sse_bytes_unsent 5000.0" in metrics.render()[0].decode()
+    conn.overflow()  # the cut aborts the connection: the server drops what it buffered
+    assert aborted == [True] and conn.unsent == 0
+    assert budget.held() == 1000 + 10 * FRAME_OVERHEAD + STREAM_RESERVE
+    budget.remove_stream(log)
+    assert budget.held() == 0
+
+
+async def test_without_the_socket_extension_a_suspended_send_counts_as_a_full_server_buffer():
+    log = StreamLog()
+    conn = Connection(StuckSend(), LocalSource(META, log), 0, policy=NO_KEEPALIVE, send_timeout=30.0,
+                      metrics=StreamMetrics())
+    assert conn.socket is None and conn.unsent == 0
+    conn.start()
+    frames(log, 1)
+    await wait_until(lambda: conn.busy, "the first write is stuck")
+    assert conn.unsent == STALLED_SEND_BYTES
+    conn.overflow()  # nothing to abort: the connection ends when the app does, as under any server
+    assert conn.unsent == 0
+    assert await asyncio.wait_for(conn.finished(), 5) == "queue_full"
+
+
+def test_the_socket_extension_is_read_only_when_well_formed():
+    def calls(ext: object) -> dict[str, Any]:
+        return {"extensions": {SOCKET_EXTENSION: ext}}
+
+    assert socket_control({}) is None and socket_control({"extensions": None}) is None
+    assert socket_control(calls("abort")) is None
+    assert socket_control(calls({"abort": lambda: None})) is None
+    assert socket_control(calls({"abort": lambda: None, "unsent": 5})) is None
+    control = socket_control(calls({"abort": lambda: None, "unsent": lambda: 7}))
+    assert control is not None and control.unsent() == 7
+
+
+async def test_a_cut_client_whose_stream_the_budget_gave_up_gets_410_on_resume_and_its_engine_request_is_aborted():
+    """Under ``eloquent serve``'s protocol (the ``eloquent.socket`` extension): a client that never reads is cut
+    (it accepts no bytes for ``send_timeout``), its connection aborted, and the budget gives its stream up at once
+    instead of after the 30 s grace: the engine request is aborted, and a resume from the last event the client
+    got is an honest 410."""
+    engine_app = create_engine_app(EngineConfig(ttft=0.0, tpot=0.002))
+    # One stream's reserve (48 KiB) is past 75% of a 64 KiB budget: the budget sheds as soon as it may.
+    mw = EloquentMiddleware(engine_app, StreamConfig(max_held_bytes=64 << 10, max_queued_bytes=4096,
+                                                     resume_grace=30, keepalive=0, send_timeout=1))
+    body = json.dumps(chat_maker(max_tokens=4000, prompt="never read")()).encode()
+    with UvicornThread(mw, http=header_timeout_protocol(30.0, 16384)) as srv:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", srv.port))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        try:
+            await wait_until(lambda: engine_app.state.engine.stats().aborted == 1,
+                             "the engine request is aborted (long before the 30 s grace)")
+            await wait_until(lambda: mw.metrics.aborts == 1, "the stream ends")
+            assert mw.metrics.send_timeouts == 1 and mw.metrics.cut_streams_shed == 1
+            # The cut aborted the connection: uvicorn holds nothing for it, though the client has read nothing
+            # (a plain close would wait for it to drain what the server buffered).
+            await wait_until(lambda: not srv.server.server_state.connections, "the server dropped the connection")
+            sock.settimeout(10)
+            got = b""
+            while chunk := sock.recv(65536):  # what the client got before the cut, then the end (no [DONE])
+                got += chunk
+        finally:
+            sock.close()
+        ids = re.findall(rb"^id: (\S+)$", got, re.M)
+        assert ids and b"[DONE]" not in got
+        async with httpx.AsyncClient(base_url=srv.url, timeout=10) as client:
+            resumed = await client.post("/v1/chat/completions", headers={"last-event-id": ids[-1].decode()})
+        assert resumed.status_code == 410, resumed.text
+        assert resumed.json()["error"]["code"] == "stream_aborted"
+        assert engine_app.state.engine.stats().running == 0
+
+
+async def test_after_shedding_the_memory_of_ended_streams_is_handed_back(monkeypatch: Any) -> None:
+    collected: list[int] = []
+    monkeypatch.setattr(budget_module.gc, "collect", lambda *a: collected.append(1) or 0)
+    metrics = StreamMetrics()
+    budget = StreamBudget(10_000, None, metrics, frame_overhead=0, stream_reserve=100)
+    trimmed: list[int] = []
+    budget._trim = lambda pad: trimmed.append(pad) or 1
+    logs = [StreamLog() for _ in range(80)]
+    for log in logs:
+        budget.add_stream(log, resumable=False)
+    for log in logs[:60]:  # 6000 of reserves leave without any pressure: no pause for a collection
+        budget.remove_stream(log)
+    budget._release()
+    assert not collected and not trimmed
+    for log in logs[:60]:
+        budget.add_stream(log, resumable=False)
+    assert budget.enforce() == 8000  # at 75%: the budget sheds (nothing it can drop here)
+    for log in logs[:60]:
+        budget.remove_stream(log)
+    budget._release()
+    assert collected == [1] and trimmed == [0]
+    budget._release()  # nothing freed since
+    assert collected == [1]
 
 
 async def test_a_private_log_nobody_reads_is_shed_entirely():
     metrics = StreamMetrics()
-    budget = StreamBudget(1000, None, metrics)
+    budget = exact_budget(1000, None, metrics)
     private = StreamLog()
     frames(private, 20)
     budget.add_stream(private, resumable=False)

@@ -50,10 +50,11 @@ class StreamConfig:
     """Bytes an SSE stream may hold for one connected client beyond what has been written to it (a client that
     does not read); above it the client is cut, and it can resume (0: off)."""
     max_held_bytes: int = 512 << 20
-    """Bytes all SSE stream logs of one middleware may hold (replay history, events queued for clients, finished
-    streams kept for resume). At it: finished streams are evicted oldest first, then history every reader has
-    been written, then the clients with the most queued are cut; new streams get ``503`` with ``Retry-After``
-    while it stays reached (0: off)."""
+    """Bytes one middleware's SSE streams may hold: their logs (replay history, events queued for clients),
+    a reserve per live stream, what the server buffers for connected clients, finished streams kept for resume.
+    From 75% of it: finished streams are evicted oldest first, then history every reader has been written, then
+    the streams of clients cut for not reading (their engine requests aborted); at it, the clients with the most
+    queued are cut and new streams get ``503`` with ``Retry-After`` (0: off). See ``transports/sse/budget.py``."""
     socket_send_buffer: int = 128 << 10
     """``eloquent serve`` (uvicorn/h11): the kernel send buffer (``SO_SNDBUF``) of each HTTP/1.1 connection. Left
     to autotuning, the kernel takes megabytes for a client that does not read, so no send ever stalls and neither

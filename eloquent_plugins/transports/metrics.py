@@ -98,10 +98,14 @@ class StreamMetrics:
         self.clients_cut = 0
         self.budget_refusals = 0
         self.history_shed_bytes = 0
+        self.cut_streams_shed = 0
+        """Streams whose client was cut and had not resumed, dropped (engine request aborted) for the budget."""
         self.held: Callable[[], int] | None = None
         """Bytes all stream logs hold now (``StreamBudget.held``), read at scrape time."""
         self.evicted: Callable[[], int] | None = None
         """Finished streams the store dropped before their TTL (memory store), read at scrape time."""
+        self.unsent: Callable[[], int] | None = None
+        """Bytes the server buffers for connected clients (``StreamBudget.unsent``), read at scrape time."""
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         try:
             self.registry.register(self)
@@ -161,6 +165,9 @@ class StreamMetrics:
              "(a resume from before them gets 410).", self.history_shed_bytes),
             ("streams_evicted", "Finished streams dropped before their TTL to stay within the store's and the "
              "memory budget's bounds.", self.evicted() if self.evicted is not None else 0),
+            ("cut_streams_shed", "Streams whose client was cut (it did not read) and had not resumed, dropped to "
+             "stay within max_held_bytes: engine request aborted at once, a resume gets 410.",
+             self.cut_streams_shed),
         ):
             family = CounterMetricFamily(f"{p}_{name}", doc)
             family.add_metric([], value)
@@ -176,6 +183,9 @@ class StreamMetrics:
         yield GaugeMetricFamily(f"{p}_bytes_held", "Bytes the stream logs hold now: replay history, events queued "
                                 "for clients, finished streams kept for resume.",
                                 value=self.held() if self.held is not None else 0)
+        yield GaugeMetricFamily(f"{p}_bytes_unsent", "Bytes the server buffers for connected clients, written and "
+                                "not yet taken by the kernel (part of the memory budget's count).",
+                                value=self.unsent() if self.unsent is not None else 0)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

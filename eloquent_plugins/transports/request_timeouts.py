@@ -36,6 +36,7 @@ from eloquent_plugins.core.codecs.router import CodecRouter
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.transports.asgi import ASGIApp, Message, Receive, Scope, Send
 from eloquent_plugins.transports.sse.headers import json_error
+from eloquent_plugins.transports.sse.socket_control import SOCKET_EXTENSION, WRITE_HIGH_WATER, socket_extension
 
 log = logging.getLogger("eloquent_plugins.http")
 
@@ -70,6 +71,15 @@ class HeaderTimeoutH11Protocol(H11Protocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_timer: asyncio.TimerHandle | None = None
+        self._socket: dict[str, Any] = {}
+        self._app = self.app
+        self.app = self._app_with_socket
+
+    async def _app_with_socket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Each request's app call, with the ``eloquent.socket`` extension: the middleware can abort a connection
+        it cut instead of leaving its unsent bytes to a close that never drains (``sse/socket_control.py``)."""
+        scope.setdefault("extensions", {})[SOCKET_EXTENSION] = self._socket
+        await self._app(scope, receive, send)
 
     # The timer runs while the connection holds no request the app is working on and bytes are due: from the
     # connection opening, and from the first byte after a response (a new request, or the rest of a body the
@@ -77,6 +87,8 @@ class HeaderTimeoutH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._socket = socket_extension(transport)
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # a non-reader's unsent bytes wait in the log
         if self.send_buffer:
             sock = transport.get_extra_info("socket")
             if sock is not None:

@@ -1,3 +1,5 @@
+# long: one load process runs the three hostile kinds (never-readers, fake Initials, resume storms) and reports
+# them together; split, their tally and stop logic would be shared across modules
 """The hostile mix of ``eloquent bench load`` (issue 18): what a public server also gets beside its real clients.
 
 One extra load process holds, for the whole run and never more than configured:

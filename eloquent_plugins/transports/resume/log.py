@@ -20,13 +20,16 @@ class EventsGone(EloquentError):
 class StreamLog:
     """Append-only frames with a moving base index; bounded by event count and bytes (oldest dropped first)."""
 
-    __slots__ = ("frames", "base", "nbytes", "appended", "closed", "reason", "max_events", "max_bytes",
+    __slots__ = ("frames", "base", "next_index", "nbytes", "appended", "closed", "reason", "max_events", "max_bytes",
                  "_listeners")
 
     def __init__(self, *, max_events: int = 100_000, max_bytes: int = 8 << 20) -> None:
         self.frames: list[bytes] = []
         self.base = 0
         """Index of ``frames[0]``."""
+        self.next_index = 0
+        """The index the next frame gets: ``base + len(frames)``, kept as a field because readers check it per
+        event."""
         self.nbytes = 0
         """Bytes of the frames held now."""
         self.appended = 0
@@ -37,17 +40,13 @@ class StreamLog:
         self.max_bytes = max_bytes
         self._listeners: list[Callable[[], None]] = []
 
-    @property
-    def next_index(self) -> int:
-        return self.base + len(self.frames)
-
     def append(self, frame: bytes) -> None:
-        frames = self.frames
-        frames.append(frame)
+        self.frames.append(frame)
+        self.next_index += 1
         size = len(frame)
         self.nbytes += size
         self.appended += size
-        if len(frames) > self.max_events or self.nbytes > self.max_bytes:
+        if self.next_index - self.base > self.max_events or self.nbytes > self.max_bytes:
             self._trim()
         for wake in self._listeners:
             wake()

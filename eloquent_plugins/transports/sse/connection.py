@@ -26,6 +26,7 @@ from eloquent_plugins.transports.asgi import Send
 from eloquent_plugins.transports.metrics import StreamMetrics
 from eloquent_plugins.transports.resume.base import ReplaySource
 from eloquent_plugins.transports.resume.local import LocalSource
+from eloquent_plugins.transports.sse.socket_control import STALLED_SEND_BYTES, SocketControl
 
 Merge = Callable[[list[bytes]], tuple[list[bytes], int]]
 
@@ -50,8 +51,10 @@ class Connection:
     def __init__(self, send: Send, source: ReplaySource, cursor: int, *, policy: KeepAlivePolicy,
                  send_timeout: float, metrics: StreamMetrics, merge: Merge | None = None, coalesce: bool = True,
                  renew_lease: Callable[[], Coroutine[Any, Any, None]] | None = None, lease_every: float = 1.0,
-                 max_queued: int = 0) -> None:
+                 max_queued: int = 0, socket: SocketControl | None = None) -> None:
         self.send = send
+        self.socket = socket
+        """The client's connection when the server lets us reach it (``socket_control``): a cut aborts it."""
         self.source = source
         self.cursor = cursor
         self.max_queued = max_queued if isinstance(source, LocalSource) else 0
@@ -76,6 +79,10 @@ class Connection:
         self.busy = False
         """Someone (this connection's task or the producer) is inside ``send``."""
         self._direct_task: asyncio.Task[Any] | None = None
+        """The producer's task while it is inside a direct ``send`` (a cut cancels it there)."""
+        self._producer_task: asyncio.Task[Any] | None = None
+        self._local_log = source.log if isinstance(source, LocalSource) else None
+        """The log the producer writes directly from (``claim``); None for a remote source."""
         intervals = [x for x in (policy.interval if policy.enabled else 0.0, send_timeout) if x > 0]
         self._tick_every = min(1.0, min(intervals) / 4) if intervals else 1.0
         if renew_lease is not None:
@@ -101,6 +108,16 @@ class Connection:
         source = self.source
         return source.log.appended - self.offset if isinstance(source, LocalSource) else 0
 
+    @property
+    def unsent(self) -> int:
+        """Bytes handed to ``send`` that the server still holds for this client (the memory budget counts them):
+        the server's figure, else ``STALLED_SEND_BYTES`` while a send is suspended; 0 once the client is gone."""
+        if self.state is not _OPEN:
+            return 0
+        if self.socket is not None:
+            return self.socket.unsent()
+        return STALLED_SEND_BYTES if self._sending_since is not None else 0
+
     def overflow(self) -> None:
         """Cut the client: too much is queued for it. Its send in progress, if any, is abandoned."""
         if self.state is _OPEN:
@@ -108,6 +125,11 @@ class Connection:
 
     def _cut(self, state: ConnState) -> None:
         self._end(state)
+        if self.socket is not None:
+            # Drop what the server still buffers for this client now: a plain close waits for it to drain, which
+            # a client that does not read never allows (see ``socket_control``). The client sees the body end
+            # early and resumes from the last event it got.
+            self.socket.abort()
         if self._direct_task is not None:
             self._direct_task.cancel()  # the producer is stuck writing: cut it loose
             self._wakeup()
@@ -133,34 +155,48 @@ class Connection:
     def claim(self) -> bool:
         """Producer fast path, called before it appends: True if this connection is idle and caught up, in which
         case the producer must call ``write_claimed()`` right after appending."""
-        source = self.source
-        if self._wake is None or self.busy or self.state is not _OPEN or not isinstance(source, LocalSource):
+        log = self._local_log
+        if log is None or self._wake is None or self.busy or self.state is not _OPEN:
             return False
-        log = source.log
-        if self.cursor != log.base + len(log.frames):
+        if self.cursor != log.next_index:
             return False
         self.busy = True
-        source.held = True
+        self.source.held = True  # type: ignore[attr-defined]
         return True
 
     async def write_claimed(self) -> None:
+        """Write what the producer just appended, in the producer's own task (see ``claim``).
+
+        Per event, so kept lean: the producer's task is looked up once per connection (an ASGI app sends one
+        response body from one task; ``asyncio.current_task`` costs more in Python 3.11 than the rest of this
+        method), and the clock is read once."""
         source: LocalSource = self.source  # type: ignore[assignment]
         source.held = False
         log = source.log
-        start = self.cursor - log.base
-        frames = log.frames
-        count = len(frames) - start
-        if count <= 0:
+        cursor = self.cursor
+        end = log.next_index
+        if end <= cursor:
             self.busy = False
             if self._parked_busy:
                 self._wakeup()
             return
-        body = frames[start] if count == 1 else b"".join(frames[start:])
-        self.cursor += count
-        self.offset += len(body)
-        loop = self._loop
-        self._sending_since = now = loop.time()
-        self._direct_task = asyncio.current_task(loop)
+        if end - cursor == 1:
+            body = log.frames[-1]
+        else:
+            start = cursor - log.base
+            if start < 0:  # trimmed before it was written (a tiny max_stream_events): cut, a resume gets a 410
+                self.busy = False
+                self._cut(ConnState.OVERFLOWED)
+                return
+            body = b"".join(log.frames[start:])
+        size = len(body)
+        self.cursor = end
+        self.offset += size
+        self._sending_since = now = self._loop.time()
+        task = self._producer_task
+        if task is None:
+            task = self._producer_task = asyncio.current_task(self._loop)
+        self._direct_task = task
         try:
             await self.send({"type": "http.response.body", "body": body, "more_body": True})
         except asyncio.CancelledError:
@@ -176,10 +212,10 @@ class Connection:
         # The send normally completes without suspending, so the clock read before it is good enough.
         self._keepalive.activity(now)
         metrics = self.metrics
-        metrics.bytes_sent += len(body)
+        metrics.bytes_sent += size
         metrics.writes += 1
         if (self.state is not _OPEN or self._keepalive_due or self._parked_busy or log.closed
-                or self.cursor < log.base + len(frames)):
+                or end < log.next_index):
             self._wakeup()
 
     def _wakeup(self) -> None:

@@ -27,6 +27,7 @@ from eloquent_plugins.transports.sse.ids import identity_hash, new_stream_id, ne
 from eloquent_plugins.transports.sse.limits import Slot
 from eloquent_plugins.transports.sse.producer import Producer
 from eloquent_plugins.transports.sse.receive import ReceiveRelay
+from eloquent_plugins.transports.sse.socket_control import socket_control
 from eloquent_plugins.transports.telemetry import StreamSpan
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ _SSE, _PASS = Mode.SSE, Mode.PASS  # ``app_send`` runs per event: a global read,
 
 class Exchange:
     __slots__ = ("mw", "scope", "send", "relay", "mode", "started", "log", "producer", "conn", "token", "hooks",
-                 "info", "abandon", "span", "slot", "local_readers", "seen_at")
+                 "info", "abandon", "span", "slot", "local_readers", "seen_at", "cut_at", "watched_until")
 
     def __init__(self, mw: EloquentMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
         self.mw = mw
@@ -83,6 +84,10 @@ class Exchange:
         """Resume connections reading this stream in this process (they count as readers without the store)."""
         self.seen_at = 0.0
         """When (Unix time) its owner last asked for or stopped reading this stream here (``reader_seen``)."""
+        self.cut_at = 0.0
+        """When (Unix time) this middleware cut the stream's client (send timeout, queue bound, memory budget)."""
+        self.watched_until = 0.0
+        """The latest lease end the store reported while the client was away (a reader on another replica)."""
 
     async def run(self) -> None:
         try:
@@ -112,14 +117,17 @@ class Exchange:
                 producer = self.producer
                 assert producer is not None
                 body = message.get("body", b"")
+                more = message.get("more_body", False)
                 if body:
                     conn = self.conn
                     if conn is not None and conn.claim():
                         producer.feed(body)
                         await conn.write_claimed()
+                        if more:
+                            return  # the client got it and is caught up: no backlog to check
                     else:
                         producer.feed(body)
-                if not message.get("more_body", False):
+                if not more:
                     producer.close("complete")
                 else:
                     conn = self.conn
@@ -127,7 +135,7 @@ class Exchange:
                         stream_log = producer.log
                         if conn.max_queued and stream_log.appended - conn.offset > conn.max_queued:
                             conn.overflow()  # a client that does not read: cut it (it may resume)
-                        elif stream_log.base + len(stream_log.frames) - conn.cursor > MAX_LAG_EVENTS:
+                        elif stream_log.next_index - conn.cursor > MAX_LAG_EVENTS:
                             await self._backpressure(conn, stream_log)
             return
         if mode is _PASS:
@@ -184,7 +192,8 @@ class Exchange:
             meta = StreamMeta(stream_id, "", 200, tuple(headers), path, codec.name, time.time())
         assert stream_log is not None and meta is not None
         self.token, self.log = token, stream_log
-        mw.budget.add_stream(stream_log, resumable=token is not None)
+        mw.budget.add_stream(stream_log, resumable=token is not None,
+                             abandon=self._shed if token is not None else None)
         if token is not None:
             mw.exchanges[token] = self
         self.producer = Producer(stream_log, token=token, hooks=self.hooks, codec=codec, metrics=metrics,
@@ -202,7 +211,8 @@ class Exchange:
         await self.send({"type": "http.response.start", "status": 200, "headers": headers})
         self.conn = Connection(self.send, LocalSource(meta, stream_log), 0, policy=mw.policy,
                                send_timeout=mw.config.send_timeout, metrics=metrics, merge=mw.merge_for(codec),
-                               coalesce=mw.config.coalesce, max_queued=mw.config.max_queued_bytes)
+                               coalesce=mw.config.coalesce, max_queued=mw.config.max_queued_bytes,
+                               socket=socket_control(scope))
         mw.budget.add_reader(stream_log, self.conn)
         task = self.conn.start()
         task.add_done_callback(self._connection_done)
@@ -245,6 +255,7 @@ class Exchange:
         conn = self.conn
         if conn is not None and conn.cut:
             assert self.info is not None
+            self.cut_at = time.time()
             if conn.timed_out:
                 log.info("stream=%s client accepted no bytes for %.0fs: connection cut", self.info.stream_id,
                          self.mw.config.send_timeout)
@@ -252,6 +263,8 @@ class Exchange:
                 log.info("stream=%s client does not read (more than %d bytes queued): connection cut",
                          self.info.stream_id, conn.max_queued)
             self.relay.disconnect()
+            if self.log is not None:
+                self.mw.budget.client_cut(self.log)  # while memory is tight, its stream is given up at once
 
     def _client_gone(self) -> None:
         self._release_slot()
@@ -290,6 +303,7 @@ class Exchange:
                 last = None
             else:
                 failing_since = None
+                self.watched_until = last or 0.0
             if stream_log.closed:
                 return
             if asked_at >= max(left_at, self.seen_at, last or 0.0) + grace:
@@ -297,6 +311,24 @@ class Exchange:
                          self.info.stream_id, grace)
                 self.relay.release()
                 return
+
+    def _shed(self) -> bool:
+        """The memory budget drops this stream (``StreamBudget`` step 3): if its client was cut by us and has not
+        resumed since (here, or on another replica as far as the store said at the last look), abort the engine
+        request now and return True; the budget then discards the log, so a resume gets 410, never a gap. False
+        (keep it) otherwise: a client that left on its own, or is reading again."""
+        conn, stream_log = self.conn, self.log
+        if (conn is None or not conn.cut or stream_log is None or stream_log.closed or self.local_readers > 0
+                or self.seen_at > self.cut_at or self.watched_until > time.time()):
+            return False
+        assert self.info is not None
+        log.info("stream=%s memory budget: its client was cut and has not resumed; dropping its %d held bytes and "
+                 "aborting the engine request", self.info.stream_id, stream_log.nbytes)
+        self.relay.disconnect()  # no-op when the cut was already seen
+        if self.abandon is not None:
+            self.abandon.cancel()
+        self.relay.release()  # the app sees its client gone: the engine request is aborted
+        return True
 
     async def _backpressure(self, conn: Connection, stream_log: StreamLog) -> None:
         while stream_log.next_index - conn.cursor > MAX_LAG_EVENTS // 2 and not conn.gone:

@@ -26,6 +26,7 @@ from eloquent_plugins.transports.resume.log import EventsGone
 from eloquent_plugins.transports.sse.connection import Connection
 from eloquent_plugins.transports.sse.headers import json_error, respond
 from eloquent_plugins.transports.sse.ids import identity_hash, new_token
+from eloquent_plugins.transports.sse.socket_control import socket_control
 from eloquent_plugins.transports.telemetry import resume_span
 
 if TYPE_CHECKING:
@@ -38,8 +39,9 @@ _Refusal = tuple[int, str, str, str]
 _STORE_DOWN: _Refusal = (503, "the resume store is unavailable; retry shortly", "resume_store_unavailable",
                          "server_error")
 _FINISHED: _Refusal = (204, "", "", "")
-_ABORTED: _Refusal = (410, "this stream was aborted (its client left and nobody resumed within the grace period); "
-                      "send the request again", "stream_aborted", "invalid_request_error")
+_ABORTED: _Refusal = (410, "this stream was aborted (its client left and nobody resumed it in time, or the server "
+                      "gave it up under memory pressure after cutting a client that did not read); send the request "
+                      "again", "stream_aborted", "invalid_request_error")
 STORE_RETRY_AFTER = b"1"
 """``Retry-After`` of a 503 ``resume_store_unavailable``: a store connection is retried per request."""
 
@@ -155,7 +157,8 @@ async def _replay(mw: EloquentMiddleware, scope: Scope, receive: Receive, send: 
                       metrics=metrics, merge=mw.merge_for(mw.codecs.get(meta.codec, mw.codecs["openai"])),
                       coalesce=mw.config.coalesce,
                       renew_lease=lambda: _renew(store, point.token, consumer, mw.lease_ttl),
-                      lease_every=mw.lease_ttl / 3, max_queued=mw.config.max_queued_bytes)
+                      lease_every=mw.lease_ttl / 3, max_queued=mw.config.max_queued_bytes,
+                      socket=socket_control(scope))
     local_log = source.log if isinstance(source, LocalSource) else None
     if local_log is not None:
         mw.budget.add_reader(local_log, conn)
