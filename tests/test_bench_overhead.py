@@ -401,4 +401,6 @@ def test_adapter_cost_times_the_vllm_stack_on_requests_that_bypass_it() -> None:
     result = asyncio.run(adapter_cost.measure(messages=16, requests=20, repeat=1))
     assert result["messages"] == 16
     assert result["bypass_bare_us_per_request"] > 0 and result["non_streamed_bare_us_per_request"] > 0
-    assert {"bypass_added_us_per_request", "non_streamed_added_us_per_request", "bypass_added_ns_per_event"} <= set(result)
+    assert {"bypass_added_us_per_request", "non_streamed_added_us_per_request", "bypass_added_ns_per_event",
+            "sse_added_us_per_request", "sse_added_ns_per_event"} <= set(result)
+    assert result["sse_bare_us_per_request"] > 0

@@ -67,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(e.g. 1 or 0-3; os.sched_setaffinity)")
     parser.add_argument("--server-cpus", metavar="LIST", help="for --vllm: start vLLM confined to these CPUs "
                         "(its processes inherit the mask; its OpenMP threads bind within it)")
+    parser.add_argument("--gateway-cpus", metavar="LIST", help="for --vllm: start the openai= gateway confined to "
+                        "these CPUs (with --server-cpus elsewhere: the gateway does not compete with vLLM's API "
+                        "server for a core, so the gateway row compares like with like)")
     parser.add_argument("--model", default=None, help="model name for --target (default: the first of /v1/models)")
     parser.add_argument("--max-tokens", type=numbers.positive, default=256, help="tokens per request for --target")
     parser.add_argument("--concurrency", default="1,32", help="concurrency levels for --target (default 1,32)")

@@ -140,14 +140,14 @@ def launch_vllm(label: str, python: str, model: str, flags: list[str], extra: li
     return Server(label, _popen(cmd, log, env, cpus), f"http://127.0.0.1:{port}", log, shlex.join(cmd[1:]), udp)
 
 
-def launch_gateway(upstream: Server) -> Server:
+def launch_gateway(upstream: Server, *, cpus: set[int] | None = None) -> Server:
     """``eloquent serve --upstream openai=URL`` with this interpreter (our package, not vLLM's venv)."""
     port = free_port()
     cmd = [sys.executable, "-m", "eloquent_plugins.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--upstream", f"openai={upstream.url}", "--log-level", "warning"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ELOQUENT_")}
     log = os.path.join(tempfile.gettempdir(), "eloquent-bench-vllm-gateway.log")
-    return Server("gateway", _popen(cmd, log, env, None), f"http://127.0.0.1:{port}", log, shlex.join(cmd[1:]))
+    return Server("gateway", _popen(cmd, log, env, cpus), f"http://127.0.0.1:{port}", log, shlex.join(cmd[1:]))
 
 
 def gateway_available() -> bool:
@@ -283,6 +283,10 @@ def _cell(spread: dict[str, Any], digits: int = 1) -> str:
 
 
 def print_report(result: dict[str, Any]) -> None:
+    pins = [f"{what} on CPUs {result[key]}" for what, key in (("vLLM", "server_cpus"), ("gateway", "gateway_cpus"),
+                                                                ("client", "client_cpus")) if result.get(key)]
+    if pins:
+        print("pinned: " + ", ".join(pins))
     for label, info in result["servers"].items():
         print(f"{label}: {info['command']}")
         for role, pids in info.get("processes", {}).items():
@@ -348,7 +352,9 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
             server.procs = vllm_processes(server.proc.pid)
         gateway_note = ""
         if gateway_available() and not getattr(args, "no_gateway", False):
-            servers["gateway"] = launch_gateway(servers["vllm"])
+            gateway_cpus = getattr(args, "gateway_cpus", None)
+            servers["gateway"] = launch_gateway(servers["vllm"],
+                                                cpus=parse_cpus(gateway_cpus) if gateway_cpus else None)
             wait_healthy(servers["gateway"].proc, servers["gateway"].url + "/v1/models", timeout=120,
                          log_path=servers["gateway"].log, what="gateway")
         else:
@@ -375,6 +381,7 @@ def run_vllm(args: argparse.Namespace) -> dict[str, Any]:
     result = {"vllm": args.vllm, "vllm_args": extra, "transport": args.vllm_transport, "model": model,
               "max_tokens": max_tokens, "concurrency": levels, "rounds": rounds, "quick": quick,
               "cpus": os.cpu_count(), "server_cpus": args.server_cpus, "client_cpus": args.client_cpus,
+              "gateway_cpus": getattr(args, "gateway_cpus", None),
               "loadavg_before": load_before, "loadavg_after": os.getloadavg()[0], "servers": info,
               "paths": [p.name for p in paths], "titles": {p.name: p.title for p in paths}, "gateway_note": gateway_note,
               "levels": levels_out}
