@@ -121,14 +121,43 @@ class RedisSource:
 
     async def _await_sent(self, index: int) -> None:
         """A live stream whose copy ends before event ``index``: the producer may be a batch behind in mirroring
-        it, so wait ``SENT_WAIT`` s for it; an index it does not reach by then was never sent (``ValueError``)."""
-        block = int(SENT_WAIT * 1000)
-        result = await asyncio.wait_for(self._store.redis.xread({self._key: after_id(index)}, count=1, block=block),
-                                        SENT_WAIT + REPLY_TIMEOUT)
-        for _key, entries in result or ():
-            if entries and b"end" not in entries[0][1]:
+        it, so wait ``SENT_WAIT`` s for it. Not there by then: the producer either never sent it, or died before
+        copying what it sent (the client holds events Redis never got). Its heartbeat tells which: refreshed (every
+        ``HEARTBEAT_TTL / 3`` s) means alive, so the index was never sent (``ValueError``, a 400); expired means the
+        events past the copy are lost, so this body ends uncompleted at once (a cut, as for any resume of a stream
+        whose producer died), never a false "never sent"."""
+        if await self._arrives(index, SENT_WAIT):
+            return
+        redis = self._store.redis
+        ttl = await asyncio.wait_for(redis.pttl(self._heartbeat), REPLY_TIMEOUT)
+        deadline = time.monotonic() + HEARTBEAT_TTL + REPLY_TIMEOUT
+        while ttl >= 0 and time.monotonic() < deadline:  # -1 (no expiry) cannot lapse: taken as alive
+            if await self._arrives(index, 1.0):
                 return
+            refreshed = await asyncio.wait_for(redis.pttl(self._heartbeat), REPLY_TIMEOUT)
+            if refreshed > ttl + 500:  # the producer is alive
+                break
+            ttl = refreshed
+        if ttl == -2:  # no heartbeat: the producer died with events it sent past its copy
+            log.warning("stream %s: resume after event %d, which the producer sent but never copied before it "
+                        "stopped: ending the resume uncompleted", self._key, index)
+            self._end = index + 1
+            self.end_reason = "disconnected"
+            return
         raise ValueError(f"event {index} was never sent on this stream")
+
+    async def _arrives(self, index: int, wait: float) -> bool:
+        """Does event ``index`` reach the copy within ``wait`` seconds? ``ValueError`` if the stream's end marker
+        comes first: it ended without that event."""
+        block = max(1, int(wait * 1000))
+        result = await asyncio.wait_for(self._store.redis.xread({self._key: after_id(index)}, count=1, block=block),
+                                        wait + REPLY_TIMEOUT)
+        for _key, entries in result or ():
+            if entries:
+                if b"end" in entries[0][1]:
+                    raise ValueError(f"event {index} was never sent on this stream")
+                return True
+        return False
 
     def take(self, cursor: int) -> list[bytes]:
         """Buffered frames from ``cursor`` on; frames before ``cursor`` are dropped (the reader has them). A
