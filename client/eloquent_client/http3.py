@@ -48,10 +48,16 @@ class _ClientProtocol(H3Protocol):
         self.terminated: ConnectionTerminated | None = None
         self.last_received = self.loop.time()
         """When the last UDP datagram from the server arrived (the path watchdog's clock)."""
+        self._receiving = False
+        """Inside ``datagram_received``: its ``after_input`` transmits, so nothing needs to schedule a transmit."""
 
     def datagram_received(self, data: bytes | str, addr: Any) -> None:
         self.last_received = self.loop.time()
-        super().datagram_received(data, addr)
+        self._receiving = True
+        try:
+            super().datagram_received(data, addr)
+        finally:
+            self._receiving = False
 
     def close_reason(self) -> ConnectionTerminated | None:
         """Why the connection closed or is closing (aioquic keeps a locally started close private until its
@@ -89,8 +95,13 @@ class _ClientProtocol(H3Protocol):
             self.streams.pop(stream.stream_id, None)
 
     def send_datagram(self, stream_id: int, data: bytes) -> None:
+        """An Eloquent ack: it leaves with the transmit that ends the input being processed (no callback of its
+        own). QUIC's ACK is left to aioquic's timer, 1 ms later: carrying it in the same packet (``acknowledge_now``)
+        halves the client's packets and saves 35 us of its CPU per token, but raised the datagram path's lossless
+        floor in ``bench e2e`` (docs/results/e2e-vs-sim.md, 2026-12-01 evening)."""
         self.h3.send_datagram(stream_id, data)
-        self.transmit_soon()
+        if not self._receiving:
+            self.transmit_soon()
 
     def fail(self, error: ProtocolError) -> None:
         """The server broke the protocol: close the connection with the error's code."""
@@ -125,6 +136,23 @@ def _connect_error(host: str, port: int, verify: bool | str, close: ConnectionTe
     else:
         detail = str(exc) or type(exc).__name__
     return ConnectError(f"cannot connect over HTTP/3 to {host}:{port}: {detail}")
+
+
+async def _handshake(protocol: _ClientProtocol, transport: asyncio.DatagramTransport, addr: Any, host: str, port: int,
+                     verify: bool | str, timeout: float) -> None:
+    """Connect and wait for the handshake; raises ``TLSVerificationError`` or ``ConnectError`` when it fails."""
+    try:
+        protocol.connect(addr)
+        await asyncio.wait_for(protocol.wait_connected(), timeout)
+    except BaseException as exc:
+        # Whatever failed (timeout, refusal, cancellation), nothing of this connection may run afterwards:
+        # aioquic's timer would fire into the closed transport ("Exception in callback ... _handle_timer").
+        close = protocol.close_reason()
+        protocol.stop_driving()
+        transport.close()
+        if isinstance(exc, ConnectionError | TimeoutError | OSError):
+            raise _connect_error(host, port, verify, close, exc) from None
+        raise
 
 
 def client_configuration(host: str, verify: bool | str, idle_timeout: float) -> QuicConfiguration:
@@ -176,24 +204,28 @@ class Http3ClientConnection:
             lambda: _ClientProtocol(quic), local_addr=(local or ("::" if family == socket.AF_INET6 else "0.0.0.0"), 0),
             family=family)
         assert isinstance(protocol, _ClientProtocol)
-        try:
-            protocol.connect(addr)
-            await asyncio.wait_for(protocol.wait_connected(), timeout)
-        except BaseException as exc:
-            # Whatever failed (timeout, refusal, cancellation), nothing of this connection may run afterwards:
-            # aioquic's timer would fire into the closed transport ("Exception in callback ... _handle_timer").
-            close = protocol.close_reason()
-            protocol.stop_driving()
-            transport.close()
-            if isinstance(exc, ConnectionError | TimeoutError | OSError):
-                raise _connect_error(host, port, verify, close, exc) from None
-            raise
+        await _handshake(protocol, transport, addr, host, port, verify, timeout)
         authority = host if port == 443 else f"{host}:{port}"
         conn = cls(protocol, transport, authority, limits or Limits())
         if stream_idle_timeout is not None:
             conn.stream_idle_timeout = stream_idle_timeout
             conn._arm_watchdog()
         return conn
+
+    @classmethod
+    async def over(cls, transport: asyncio.DatagramTransport, addr: tuple[str, int], *, host: str = "localhost",
+                   verify: bool | str = True, timeout: float = 10.0, limits: Limits | None = None,
+                   pacing: bool = False) -> Http3ClientConnection:
+        """A connection over a datagram transport the caller made (an in-memory link: ``bench datapath``): the
+        transport gets the protocol with ``set_protocol`` and hands it what arrives; ``addr`` is the server's."""
+        quic = QuicConnection(configuration=client_configuration(host, verify, 60.0))
+        if not pacing:
+            disable_pacing(quic)
+        protocol = _ClientProtocol(quic)
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        await _handshake(protocol, transport, addr, host, addr[1], verify, timeout)
+        return cls(protocol, transport, host, limits or Limits())
 
     # ---- the path watchdog -------------------------------------------------------------------------------
     def _arm_watchdog(self) -> None:

@@ -15,7 +15,15 @@ from eloquent_plugins.core.delta import make_delta
 from eloquent_plugins.core.events import StreamEvent
 from eloquent_plugins.core.keepalive import KeepAliveTimer
 from eloquent_plugins.core.recovery import Recovery
-from eloquent_plugins.core.wire import DataPacket, Entry, KeepAlivePacket, data_header_size, encode_packet
+from eloquent_plugins.core.wire import (
+    DataPacket,
+    Entry,
+    KeepAlivePacket,
+    data_header_size,
+    encode_data_from,
+    encode_entry,
+    encode_packet,
+)
 
 if TYPE_CHECKING:
     from eloquent_plugins.core.sender import SenderConfig, SenderStats
@@ -40,6 +48,10 @@ class Packetizer:
         """The newest event index ever sent."""
         self._run_packets: list[DataPacket] = []
         """The data packets of the last run built, in datagram order: redundant copies re-number these."""
+        self._encoded: dict[int, tuple[Entry, int, bytes]] = {}
+        """Per unacked event, its entry against its predecessor (a delta when smaller), that entry's size and bytes:
+        the run goes out again in every packet until acked, and each of its entries is built and encoded once
+        (``forget`` drops an acked event's)."""
 
     # ---- runs ------------------------------------------------------------------------------------------------
     def build_run(self, events: Iterable[StreamEvent], base: int, reference: bytes | None,
@@ -54,6 +66,7 @@ class Packetizer:
         datagrams: list[bytes] = []
         self._run_packets = []  # what _data_packet encodes into ``datagrams``, in the same order (for copies)
         entries: list[Entry] = []
+        encoded: list[bytes] = []
         size = 0
         previous = b""
         for event in events:
@@ -62,32 +75,37 @@ class Packetizer:
             if len(datagrams) >= limits.max_run_datagrams:
                 break
             if entries:
-                entry = self._entry(event, previous, deltas, cached=True)
-                if size + entry.encoded_size() > budget or len(entries) >= limits.max_entries_per_packet:
-                    datagrams.append(self._data_packet(ref_index, entries, now))
-                    entries = []
+                entry, entry_size, data = self._run_entry(event, previous, deltas, cached=True)
+                if size + entry_size > budget or len(entries) >= limits.max_entries_per_packet:
+                    datagrams.append(self._data_packet(ref_index, entries, encoded, now))
+                    entries, encoded = [], []
                     if len(datagrams) >= limits.max_run_datagrams:
                         break
             if not entries:
                 # First entry of a datagram: its delta base is the last acked event, which the receiver holds.
                 size = data_header_size(self.stream_id, self.next_number + 8, ref_index, event.index,
                                         limits.max_entries_per_packet)
-                entry = self._entry(event, reference, deltas, cached=event.index == base)
-                if size + entry.encoded_size() > budget:  # too big for any datagram: fragment it
+                entry, entry_size, data = self._run_entry(event, reference, deltas, cached=event.index == base)
+                if size + entry_size > budget:  # too big for any datagram: fragment it
                     datagrams.extend(self._fragments(event, now))
                     self._note_sent(event.index)
                     if not carry:
                         self._recovery.on_carried(event.index, self.next_number - 1)
                     continue
             entries.append(entry)
-            size += entry.encoded_size()
+            encoded.append(data)
+            size += entry_size
             previous = event.payload
             self._note_sent(event.index)
             if not carry:
                 self._recovery.on_carried(event.index, self.next_number)  # the number the pending packet takes
         if entries:
-            datagrams.append(self._data_packet(ref_index, entries, now))
+            datagrams.append(self._data_packet(ref_index, entries, encoded, now))
         return datagrams
+
+    def forget(self, index: int) -> None:
+        """Event ``index`` was acknowledged: it is never sent again."""
+        self._encoded.pop(index, None)
 
     def recopies(self, extra: int, now: float) -> list[bytes]:
         """``extra`` more copies of the last run, each datagram under a fresh number so the loss estimate sees
@@ -123,6 +141,23 @@ class Packetizer:
         self._keepalive.activity(now)
         return datagram
 
+    def _run_entry(self, event: StreamEvent, reference: bytes | None, deltas: Mapping[int, tuple[int, int, bytes]],
+                   cached: bool) -> tuple[Entry, int, bytes]:
+        """The entry of ``event`` in a run, its size and its bytes (empty for one too big for any datagram: it
+        goes as fragments). ``cached``: against its predecessor (the previous entry of the packet, or the acked
+        event before it), whose delta ``deltas`` holds -- the same every time, so it is kept; otherwise against
+        ``reference`` (a split run's later datagram starts from the acked event)."""
+        if cached:
+            hit = self._encoded.get(event.index)
+            if hit is not None:
+                return hit
+        entry = self._entry(event, reference, deltas, cached)
+        size = entry.encoded_size()
+        built = entry, size, encode_entry(entry) if size <= self.config.limits.max_datagram_size else b""
+        if cached:
+            self._encoded[event.index] = built
+        return built
+
     def _entry(self, event: StreamEvent, reference: bytes | None, deltas: Mapping[int, tuple[int, int, bytes]],
                cached: bool) -> Entry:
         raw = Entry(event.index, event.kind, event.payload)
@@ -141,15 +176,17 @@ class Packetizer:
         else:
             self.sent_upto = index
 
-    def _data_packet(self, ref_index: int | None, entries: list[Entry], now: float) -> bytes:
+    def _data_packet(self, ref_index: int | None, entries: list[Entry], encoded: list[bytes] | None,
+                     now: float) -> bytes:
+        """``encoded``: each entry's bytes (``encode_entry``), when the caller has them."""
         packet = DataPacket(self.stream_id, self.take_number(now), ref_index, entries[0].index, tuple(entries))
         self._run_packets.append(packet)
-        return self._encode_data(packet, now)
+        return self._encode_data(packet, now, encoded)
 
-    def _encode_data(self, packet: DataPacket, now: float) -> bytes:
+    def _encode_data(self, packet: DataPacket, now: float, encoded: list[bytes] | None = None) -> bytes:
         self.stats.data_packets += 1
         self._recovery.on_data_sent(packet.packet_number)
-        return self._emit(encode_packet(packet), now)
+        return self._emit(encode_packet(packet) if encoded is None else encode_data_from(packet, encoded), now)
 
     def _fragments(self, event: StreamEvent, now: float) -> list[bytes]:
         """An event larger than one datagram goes as raw fragments, each alone in its packet."""
@@ -159,5 +196,5 @@ class Packetizer:
         for offset in range(0, total, chunk):
             entry = Entry(event.index, event.kind, event.payload[offset : offset + chunk], frag_total=total,
                           frag_offset=offset)
-            out.append(self._data_packet(None, [entry], now))
+            out.append(self._data_packet(None, [entry], None, now))
         return out

@@ -70,6 +70,9 @@ class EloquentReceiver:
         self._buffered_bytes = 0
         self._fragments: dict[int, _Fragments] = {}
         self._references: dict[int, bytes] = {}
+        """Delivered payloads a later packet may use as its delta base: always the indices ``[_references_low,
+        _next)`` (``_deliver`` adds them in order, ``_prune_references`` drops them from the low end)."""
+        self._references_low = 0
         self._reference_floor = -1
         self._final_index: int | None = None
         self._largest_packet = -1
@@ -199,8 +202,11 @@ class EloquentReceiver:
         slack for packets reordered behind newer ones) to the newest delivered."""
         floor = max(self._reference_floor - REFERENCE_SLACK, self._next - 1 - self.config.limits.max_index_gap)
         if len(self._references) > 1:
-            for index in [i for i in self._references if i < floor]:
-                del self._references[index]
+            references, low = self._references, self._references_low
+            while low < floor:  # the held indices are contiguous: drop from the low end, never scan them all
+                del references[low]
+                low += 1
+            self._references_low = low
 
     # ---- acks --------------------------------------------------------------------------------------------
     def _schedule_ack(self, now: float, urgent: bool) -> None:

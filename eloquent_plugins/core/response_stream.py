@@ -173,15 +173,13 @@ class EloquentResponseStream:
     def next_deadline(self) -> float | None:
         if self.state is ResponseState.FALLEN_BACK:
             return None
-        candidates = [self.sender.next_deadline()]
-        if self._tail_due and not self.sender.done:
-            candidates.append(self._tail_due[0])
-        if self.state is ResponseState.TRAILED:
-            candidates.append(self._trailer_at + self.fallback_after)
-        if self._log:
-            candidates.append(self._last_progress + self.ack_timeout)
-        present = [c for c in candidates if c is not None]
-        return min(present) if present else None
+        best = self.sender.next_deadline()
+        for deadline in (self._tail_due[0] if self._tail_due and not self.sender.done else None,
+                         self._trailer_at + self.fallback_after if self.state is ResponseState.TRAILED else None,
+                         self._last_progress + self.ack_timeout if self._log else None):
+            if deadline is not None and (best is None or deadline < best):
+                best = deadline
+        return best
 
     @property
     def finished(self) -> bool:

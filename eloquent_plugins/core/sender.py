@@ -107,6 +107,10 @@ class Pending(Flag):
     """The keep-alive idle timer expired."""
 
 
+_SEND = Pending.RUN | Pending.PROBE
+"""What makes ``datagrams_to_send`` flush the run."""
+
+
 class EloquentSender:
     """One stream's sending half. Not thread-safe; one transport drives it."""
 
@@ -179,6 +183,7 @@ class EloquentSender:
             while self._unacked and self._unacked[0].index < ack.next_expected:
                 event = self._unacked.popleft()
                 self._deltas.pop(event.index, None)
+                self._packetizer.forget(event.index)
                 recovery.on_event_acked(event.index)
                 self._reference = event.payload
             self._base = ack.next_expected
@@ -206,10 +211,12 @@ class EloquentSender:
     def next_deadline(self) -> float | None:
         """When ``handle_timer`` next has work; None when nothing is scheduled."""
         unacked = bool(self._unacked)
-        candidates = [d for d in (self._recovery.probe_deadline(unacked), self._recovery.cadence_deadline(unacked),
-                                  None if self.done else self._keepalive.deadline())
-                      if d is not None]
-        return min(candidates) if candidates else None
+        recovery = self._recovery
+        best = recovery.probe_deadline(unacked)
+        for deadline in (recovery.cadence_deadline(unacked), None if self.done else self._keepalive.deadline()):
+            if deadline is not None and (best is None or deadline < best):
+                best = deadline
+        return best
 
     def handle_timer(self, now: float) -> None:
         unacked = bool(self._unacked)
@@ -233,7 +240,9 @@ class EloquentSender:
         """Datagrams due now: the current run (on new events or a probe) or a keep-alive during silence."""
         self.handle_timer(now)
         pending = self._pending
-        if pending & (Pending.RUN | Pending.PROBE) and self._unacked:
+        if pending is Pending.NONE:  # most calls: the transport pumps after every ack
+            return []
+        if pending & _SEND and self._unacked:
             packetizer, recovery = self._packetizer, self._recovery
             if Pending.RUN in pending:
                 recovery.new_data_at = now

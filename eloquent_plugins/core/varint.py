@@ -44,6 +44,8 @@ def decode_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
         raise DecodeError("truncated varint")
     if length == 1:
         return first, end
+    if length == 2:
+        return ((first & 0x3F) << 8) | buf[pos + 1], end
     value = first & 0x3F
     for i in range(pos + 1, end):
         value = (value << 8) | buf[i]

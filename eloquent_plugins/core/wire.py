@@ -6,6 +6,7 @@ raises only ``DecodeError`` / ``LimitExceeded``, so a transport can hand it host
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -20,6 +21,8 @@ _KIND_MASK = 0x03
 _FLAG_FRAGMENT = 0x04
 _FLAG_DELTA = 0x08
 _KNOWN_FLAGS = _KIND_MASK | _FLAG_FRAGMENT | _FLAG_DELTA
+_KINDS = (EventKind.DATA, EventKind.END, EventKind.ERROR)
+"""Event kinds by wire value (a tuple index, not an ``EventKind(value)`` call per entry)."""
 
 
 class PacketType(IntEnum):
@@ -113,27 +116,28 @@ def encode_packet(packet: Packet) -> bytes:
 
 
 def _encode_data(packet: DataPacket) -> bytes:
+    return encode_data_from(packet, [encode_entry(entry) for entry in packet.entries])
+
+
+def encode_data_from(packet: DataPacket, entries: Sequence[bytes]) -> bytes:
+    """A data packet's bytes from ``encode_entry`` of each of its entries: a sender that resends the same entries
+    packet after packet (the unacked run) encodes each once."""
     ref = 0 if packet.ref_index is None else packet.ref_index + 1
-    parts = [bytes((VERSION, PacketType.DATA)), encode_varint(packet.stream_id),
-             encode_varint(packet.packet_number), encode_varint(ref), encode_varint(packet.first_index),
-             encode_varint(len(packet.entries))]
-    for entry in packet.entries:
-        flags = int(entry.kind)
-        if entry.frag_total:
-            flags |= _FLAG_FRAGMENT
-            parts.append(bytes((flags,)))
-            parts.append(encode_varint(entry.frag_total))
-            parts.append(encode_varint(entry.frag_offset))
-        elif entry.delta:
-            flags |= _FLAG_DELTA
-            parts.append(bytes((flags,)))
-            parts.append(encode_varint(entry.prefix))
-            parts.append(encode_varint(entry.suffix))
-        else:
-            parts.append(bytes((flags,)))
-        parts.append(encode_varint(len(entry.middle)))
-        parts.append(entry.middle)
-    return b"".join(parts)
+    return b"".join((bytes((VERSION, PacketType.DATA)), encode_varint(packet.stream_id),
+                     encode_varint(packet.packet_number), encode_varint(ref), encode_varint(packet.first_index),
+                     encode_varint(len(packet.entries)), *entries))
+
+
+def encode_entry(entry: Entry) -> bytes:
+    """One entry as it goes in a data packet (``encoded_size`` bytes)."""
+    flags = int(entry.kind)
+    if entry.frag_total:
+        head = (bytes((flags | _FLAG_FRAGMENT,)), encode_varint(entry.frag_total), encode_varint(entry.frag_offset))
+    elif entry.delta:
+        head = (bytes((flags | _FLAG_DELTA,)), encode_varint(entry.prefix), encode_varint(entry.suffix))
+    else:
+        head = (bytes((flags,)),)
+    return b"".join((*head, encode_varint(len(entry.middle)), entry.middle))
 
 
 def peek_stream_id(data: bytes) -> int:
@@ -196,6 +200,7 @@ def _decode_data(data: bytes, pos: int, stream_id: int, limits: Limits) -> DataP
         raise DecodeError(f"reference event {ref_index} is not before the first entry {first_index}")
     entries: list[Entry] = []
     end = len(data)
+    last = count - 1
     for i in range(count):
         if pos >= end:
             raise DecodeError("truncated entry")
@@ -206,8 +211,8 @@ def _decode_data(data: bytes, pos: int, stream_id: int, limits: Limits) -> DataP
         kind_value = flags & _KIND_MASK
         if kind_value > EventKind.ERROR:
             raise DecodeError(f"unknown event kind {kind_value}")
-        kind = EventKind(kind_value)
-        if kind is not EventKind.DATA and i != count - 1:
+        kind = _KINDS[kind_value]
+        if kind_value and i != last:
             raise DecodeError("a final event must be the last entry of its packet")
         frag_total = frag_offset = prefix = suffix = 0
         is_fragment = bool(flags & _FLAG_FRAGMENT)
@@ -220,11 +225,24 @@ def _decode_data(data: bytes, pos: int, stream_id: int, limits: Limits) -> DataP
             frag_total, pos = decode_varint(data, pos)
             frag_offset, pos = decode_varint(data, pos)
         elif is_delta:
-            prefix, pos = decode_varint(data, pos)
-            suffix, pos = decode_varint(data, pos)
+            # One-byte varints (values below 64) inline: the common case; decode_varint does the rest and the errors.
+            if pos < end and data[pos] < 0x40:
+                prefix = data[pos]
+                pos += 1
+            else:
+                prefix, pos = decode_varint(data, pos)
+            if pos < end and data[pos] < 0x40:
+                suffix = data[pos]
+                pos += 1
+            else:
+                suffix, pos = decode_varint(data, pos)
             if i == 0 and ref_index is None:
                 raise DecodeError("delta entry without a reference event")
-        length, pos = decode_varint(data, pos)
+        if pos < end and data[pos] < 0x40:
+            length = data[pos]
+            pos += 1
+        else:
+            length, pos = decode_varint(data, pos)
         if pos + length > end:
             raise DecodeError("entry runs past the end of the packet")
         if is_fragment:
