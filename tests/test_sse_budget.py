@@ -141,6 +141,17 @@ class Abandon:
         return self.give_up
 
 
+def live_stream(budget: StreamBudget, events: int, at: int, metrics: StreamMetrics, *, size: int = 100,
+                abandon: Abandon | None = None) -> tuple[StreamLog, Abandon, Connection]:
+    """A resumable live stream of ``events`` frames in ``budget``, with one reader written up to ``at``."""
+    log, abandon = StreamLog(), abandon or Abandon()
+    frames(log, events, size=size)
+    budget.add_stream(log, resumable=True, abandon=abandon)
+    conn = reader_at(log, at, metrics)
+    budget.add_reader(log, conn)
+    return log, abandon, conn
+
+
 async def test_budget_sheds_finished_then_written_history_then_cut_streams_then_refuses():
     store = MemoryStore()
     metrics = StreamMetrics()
@@ -167,17 +178,9 @@ async def test_budget_sheds_finished_then_written_history_then_cut_streams_then_
     assert live.base == 0 and metrics.history_shed_bytes == 0
 
     # A stream whose client we cut (it did not read), 800 bytes, and one whose client left on its own, 1000 bytes.
-    cut, cut_abandon = StreamLog(), Abandon()
-    frames(cut, 8)
-    budget.add_stream(cut, resumable=True, abandon=cut_abandon)
-    cut_reader = reader_at(cut, 2, metrics)
-    budget.add_reader(cut, cut_reader)
+    cut, cut_abandon, cut_reader = live_stream(budget, 8, 2, metrics)
     cut_reader.overflow()
-    left, left_abandon = StreamLog(), Abandon()
-    frames(left, 10)
-    budget.add_stream(left, resumable=True, abandon=left_abandon)
-    left_reader = reader_at(left, 3, metrics)
-    budget.add_reader(left, left_reader)
+    left, left_abandon, left_reader = live_stream(budget, 10, 3, metrics)
     left_reader.disconnect()
     assert budget.held() == 3800
     # Written history is enough this time (1500 freed: 2300 <= 2600): the cut stream is kept.
@@ -204,17 +207,10 @@ async def test_a_cut_stream_read_again_is_kept():
     """A cut client that resumed (here: a connected reader; elsewhere: ``abandon`` says so) keeps its stream."""
     metrics = StreamMetrics()
     budget = exact_budget(1000, None, metrics)
-    elsewhere, elsewhere_abandon = StreamLog(), Abandon(give_up=False)  # read on another replica (a lease)
-    frames(elsewhere, 10)
-    budget.add_stream(elsewhere, resumable=True, abandon=elsewhere_abandon)
-    first = reader_at(elsewhere, 10, metrics)
-    budget.add_reader(elsewhere, first)
+    # read on another replica (a lease)
+    elsewhere, elsewhere_abandon, first = live_stream(budget, 10, 10, metrics, abandon=Abandon(give_up=False))
     first.overflow()
-    here, here_abandon = StreamLog(), Abandon()
-    frames(here, 10)
-    budget.add_stream(here, resumable=True, abandon=here_abandon)
-    cut = reader_at(here, 4, metrics)
-    budget.add_reader(here, cut)
+    here, here_abandon, cut = live_stream(budget, 10, 4, metrics)
     cut.overflow()
     budget.add_reader(here, reader_at(here, 4, metrics))  # its resume, reading here
     assert budget.enforce() == 1600  # only the history its resume has been written goes
@@ -226,16 +222,9 @@ async def test_a_cut_stream_read_again_is_kept():
 async def test_at_the_budget_the_clients_with_most_queued_are_cut_and_their_streams_given_up():
     metrics = StreamMetrics()
     budget = exact_budget(30_000, None, metrics)
-    stuck, abandon = StreamLog(), Abandon()
-    frames(stuck, 200, size=200)  # 40 KB queued for a client that has been written nothing
-    budget.add_stream(stuck, resumable=True, abandon=abandon)
-    conn = reader_at(stuck, 0, metrics)
-    budget.add_reader(stuck, conn)
-    reading, reading_abandon = StreamLog(), Abandon()  # a client a few events behind: not cut
-    frames(reading, 10)
-    budget.add_stream(reading, resumable=True, abandon=reading_abandon)
-    behind = reader_at(reading, 5, metrics)
-    budget.add_reader(reading, behind)
+    # 40 KB queued for a client that has been written nothing, and a client a few events behind (not cut).
+    stuck, abandon, conn = live_stream(budget, 200, 0, metrics, size=200)
+    reading, reading_abandon, behind = live_stream(budget, 10, 5, metrics)
     assert budget.held() == 41_000
     # Nothing finished, no written history to drop, no cut client: step 4 cuts the reader with the most queued,
     # and since the budget is still reached, its stream goes as in step 3.
@@ -245,11 +234,7 @@ async def test_at_the_budget_the_clients_with_most_queued_are_cut_and_their_stre
 
 
 def cut_stream(budget: StreamBudget, events: int, metrics: StreamMetrics) -> tuple[StreamLog, Abandon]:
-    log, abandon = StreamLog(), Abandon()
-    frames(log, events)
-    budget.add_stream(log, resumable=True, abandon=abandon)
-    conn = reader_at(log, 2, metrics)
-    budget.add_reader(log, conn)
+    log, abandon, conn = live_stream(budget, events, 2, metrics)
     conn.overflow()
     return log, abandon
 

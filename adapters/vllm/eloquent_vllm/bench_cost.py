@@ -61,15 +61,18 @@ def dispatch(apps: dict[str, ASGIApp]) -> ASGIApp:
     return app
 
 
-async def cpu_per_request_us(asgi: ASGIApp, outer: Any, *, bypass: bool, requests: int, case: str = "") -> float:
+def _scope(outer: Any, case: str, *, bypass: bool) -> dict[str, Any]:
     headers = [(b"host", b"bench"), (b"content-type", b"application/json")]
     if bypass:
         headers.append((TRANSPORT_HEADER, DATAGRAM))
+    return {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers,
+            "query_string": b"", "app": outer, "bench": case}
+
+
+async def cpu_per_request_us(asgi: ASGIApp, outer: Any, *, bypass: bool, requests: int, case: str = "") -> float:
     start = time.process_time()
     for _ in range(requests):
-        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers,
-                 "query_string": b"", "app": outer, "bench": case}
-        await asgi(scope, _receive, _sink)
+        await asgi(_scope(outer, case, bypass=bypass), _receive, _sink)
     return (time.process_time() - start) / requests * 1e6
 
 
@@ -80,9 +83,7 @@ async def _check_through_middleware(wrapped: ASGIApp, outer: Any, messages: int)
     async def record(message: Message) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"", "app": outer,
-             "headers": [(b"host", b"bench"), (b"content-type", b"application/json")], "bench": "sse"}
-    await wrapped(scope, _receive, record)
+    await wrapped(_scope(outer, "sse", bypass=False), _receive, record)
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     if body.count(b"\nid: ") + body.startswith(b"id: ") != messages:
         raise RuntimeError(f"the SSE measure did not go through the middleware: {body[:200]!r}")
