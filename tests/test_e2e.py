@@ -50,3 +50,22 @@ async def test_heavy_loss_and_a_five_second_outage_mid_stream_resume_and_complet
     for stream in result.streams:  # the outage hit each stream mid-way: a gap of seconds, then the rest
         gaps = [b - a for a, b in zip(stream.rendered, stream.rendered[1:])]
         assert max(gaps) > 2.0
+
+
+def test_stagger_keeps_every_schemes_work_apart_at_server_client_and_ack() -> None:
+    """At RTT 100 ms / TPOT 30 ms a hop is 20 ms modulo a token time, so spreading three schemes evenly over the
+    token time put each one's client work on another's server work; the offsets must keep every instant apart."""
+    from eloquent_plugins.cli.harness import stagger_offsets
+
+    def closest(offsets: list[float], tpot: float, one_way: float) -> float:
+        instants = [(o + hop * one_way) % tpot for o in offsets for hop in range(3)]
+        return min(min(abs(a - b) % tpot, tpot - abs(a - b) % tpot)
+                   for i, a in enumerate(instants) for b in instants[i + 1:])
+
+    even = [k * 0.03 / 3 for k in range(3)]
+    assert closest(even, 0.03, 0.05) < 1e-9  # the old split: collisions
+    offsets = stagger_offsets(3, 0.03, 0.05)
+    assert offsets[0] == 0.0 and len(set(offsets)) == 3
+    assert closest(offsets, 0.03, 0.05) >= 0.0025 - 1e-9  # 9 instants 2.5 ms or more apart
+    assert closest(stagger_offsets(3, 0.02, 0.025), 0.02, 0.025) >= 0.001
+    assert stagger_offsets(1, 0.03, 0.05) == [0.0] and stagger_offsets(3, 0.0, 0.05) == [0.0] * 3

@@ -129,3 +129,43 @@ def test_configured_certificate_must_exist(tmp_path) -> None:  # type: ignore[no
         resolve_certificate(None, str(tmp_path / "key.pem"))
     pair = generate_dev_certificate(tmp_path)
     assert resolve_certificate(str(pair.certfile), str(pair.keyfile)) == pair
+
+
+def test_scheduler_sends_a_pushed_stream_directly_and_leaves_the_rest_to_plan() -> None:
+    """``direct`` (the token's packet before any bookkeeping) gives exactly what ``plan`` would have released, and
+    declines -- so ``plan`` keeps its order and window rules -- when something is parked, the window is full, the
+    run does not fit, or the stream is due for its fallback."""
+    from eloquent_plugins.core.response_stream import EloquentResponseStream
+    from eloquent_plugins.core.sender import SenderConfig
+    from eloquent_plugins.transports.http3.scheduler import DatagramScheduler
+
+    def stream(stream_id: int) -> EloquentResponseStream:
+        s = EloquentResponseStream(stream_id, SenderConfig(), now=0.0)
+        s.feed_body(b"data: hello\n\n", 0.0)
+        return s
+
+    sched = DatagramScheduler(probe_size=1200)
+    sched.add(stream(0))
+    twin = stream(0)  # the same events on another scheduler: what plan releases
+    other = DatagramScheduler(probe_size=1200)
+    other.add(twin)
+    sent = sched.direct(0, 0.0, 10_000)
+    assert sent is not None and sent == other.plan(0.0, 10_000, transport_queue_empty=True).datagrams
+    assert sched.direct(0, 0.0, 10_000) == []  # nothing new: nothing sent twice
+    assert sched.direct(4, 0.0, 10_000) is None  # not one of its streams
+
+    tight = DatagramScheduler(probe_size=1200)
+    tight.add(stream(0))
+    assert tight.direct(0, 0.0, 0) is None  # no room: plan decides (probes may exceed the window)
+    assert tight.direct(0, 0.0, 5) is None and tight.queue.pending(0) == 1  # over the room: parked, as plan does
+    tight.add(stream(4))
+    assert tight.direct(4, 0.0, 10_000) is None  # another stream's run is parked: plan serves them in turn
+    assert [sid for sid, _ in tight.plan(0.0, 10_000, transport_queue_empty=True).datagrams] == [0, 4]
+
+    ended = DatagramScheduler(probe_size=1200)
+    s = stream(0)
+    s.finish(0.0)
+    ended.add(s)
+    assert ended.direct(0, s.fallback_after, 10_000) is None  # never acked after the trailer: the fallback goes
+    assert [step.kind.value for step in ended.plan(s.fallback_after, 10_000, transport_queue_empty=True).steps] == [
+        "fallback"]

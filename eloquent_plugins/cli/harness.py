@@ -1,3 +1,4 @@
+# long: one harness (conditions, servers, relay, clients, stall scoring, stream staggering) shared by demo, chat and bench e2e
 """The in-process end-to-end harness: the built-in engine behind the HTTP/3 front end behind the lossy relay,
 one client per scheme, and the stall scoring of what they rendered.
 
@@ -30,6 +31,34 @@ SCHEMES = ("eloquent", "stream", "duplicate")
 LABELS = {"eloquent": "Eloquent (datagrams)", "stream": "HTTP/3 stream (retransmission)",
           "duplicate": "duplication (datagrams x2)"}
 MODEL = "eloquent-builtin"
+
+
+def stagger_offsets(streams: int, tpot: float, one_way: float, *, steps: int = 240) -> list[float]:
+    """Start offsets (seconds) for ``streams`` streams served, relayed and read by one process, chosen so that no
+    two of them need its CPU at the same instant: a token costs work when it leaves the server (offset ``o``),
+    when it reaches the client (``o + one_way``) and when its acknowledgement is back (``o + 2 one_way``), all
+    modulo ``tpot``. An even split of ``tpot`` is not enough: at RTT 100 ms and TPOT 30 ms a hop is 50 = 20 (mod 30)
+    ms, so each stream's client work fell on the next stream's server work (issue 19: that collision, not the
+    protocol, was most of the datagram path's lossless stall floor). Greedy: each next offset maximises the
+    smallest circular distance between its three instants and all those already placed."""
+    if streams < 1 or tpot <= 0:
+        return [0.0] * max(streams, 0)
+
+    def instants(offset: float) -> list[float]:
+        return [(offset + hop * one_way) % tpot for hop in range(3)]
+
+    def distance(a: float, b: float) -> float:
+        d = abs(a - b) % tpot
+        return min(d, tpot - d)
+
+    offsets = [0.0]
+    placed = instants(0.0)
+    for _ in range(1, streams):
+        best = max((tpot * j / steps for j in range(steps)),
+                   key=lambda o: min(distance(x, y) for x in instants(o) for y in placed))
+        offsets.append(best)
+        placed += instants(best)
+    return offsets
 
 
 @dataclass(frozen=True, slots=True)

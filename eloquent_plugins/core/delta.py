@@ -9,35 +9,26 @@ from __future__ import annotations
 
 
 def common_prefix_len(a: bytes, b: bytes) -> int:
-    """Length of the longest common prefix, by binary search over C-level slice compares."""
-    hi = min(len(a), len(b))
-    if a[:hi] == b[:hi]:
-        return hi
-    lo = 0
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    """Length of the longest common prefix. The first differing byte is the highest set byte of the two
+    (big-endian) numbers XORed: one pass in C, where a binary search over slices made ~30 objects per event."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    diff = int.from_bytes(a[:n], "big") ^ int.from_bytes(b[:n], "big")
+    return (n * 8 - diff.bit_length()) // 8
 
 
 def common_suffix_len(a: bytes, b: bytes, limit: int) -> int:
-    """Length of the longest common suffix, at most ``limit`` (so prefix and suffix never overlap)."""
-    hi = min(len(a), len(b), limit)
-    if hi == 0:
+    """Length of the longest common suffix, at most ``limit`` (so prefix and suffix never overlap): the same
+    XOR, read little-endian."""
+    n = min(len(a), len(b), limit)
+    if n <= 0:
         return 0
-    if a[len(a) - hi :] == b[len(b) - hi :]:
-        return hi
-    lo = 0
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[len(a) - mid :] == b[len(b) - mid :]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    tail_a, tail_b = a[len(a) - n :], b[len(b) - n :]
+    if tail_a == tail_b:
+        return n
+    diff = int.from_bytes(tail_a, "little") ^ int.from_bytes(tail_b, "little")
+    return (n * 8 - diff.bit_length()) // 8
 
 
 def make_delta(reference: bytes, payload: bytes) -> tuple[int, int, bytes]:

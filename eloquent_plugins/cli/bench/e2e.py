@@ -42,6 +42,7 @@ from eloquent_plugins.cli.harness import (
     outage_rows,
     pct,
     reference_texts,
+    stagger_offsets,
     stream_once,
 )
 from eloquent_plugins.sim.netem import Outage, parse_outage
@@ -60,12 +61,12 @@ async def run_e2e(conditions: Conditions, workload: Workload, *, schemes: tuple[
         clients = {scheme: client_for(scheme, h.relay_url) for scheme in schemes}
         try:
             await asyncio.gather(*(c.connection() for c in clients.values()))  # handshakes first
+            # Staggered so the schemes' tokens never need the (one) CPU at the same instant, at the server, the
+            # client or the ack's return: that would add one scheme's processing to another's render times.
+            offsets = stagger_offsets(len(schemes), workload.tpot, conditions.one_way)
             for i in range(workload.requests):
-                # Staggered by a fraction of a token time, so the schemes' tokens never need the (one) CPU
-                # at the same instant: that would add the same queueing delay to every scheme's render times.
-                stagger = workload.tpot / len(schemes)
                 runs = await asyncio.gather(*(stream_once(h, clients[s], s, i, workload.max_tokens, on_text,
-                                                          delay=k * stagger)
+                                                          delay=offsets[k])
                                               for k, s in enumerate(schemes)))
                 for run in runs:
                     result.streams.append(run)

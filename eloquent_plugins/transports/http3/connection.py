@@ -1,5 +1,7 @@
+# long: QUIC/HTTP/3 event dispatch and the datagram pump (app sends, acks, timers) drive one connection state together
 """One client connection of the HTTP/3 front end: QUIC and HTTP/3 events in, dispatched to requests, and the
-wire out. Network events, app sends and timers all end in ``pump``, which runs the datagram scheduler.
+wire out. Network events and timers end in ``pump``, which runs the datagram scheduler; an app's send ends in
+``pump_stream``, which sends that stream's new datagrams first and runs the rest of the pump after.
 
 A client that breaks the protocol (garbage datagrams, acks for events never sent, ack floods, datagrams for no
 live stream beyond a token bucket) has this connection closed with the error's code; other connections go on.
@@ -70,6 +72,8 @@ class Http3Connection(H3Protocol):
         self._deadline_handle: asyncio.TimerHandle | None = None
         self._deadline_at: float | None = None
         self._pump_handle: asyncio.Handle | None = None
+        self._rest_handle: asyncio.TimerHandle | None = None
+        """``pump_stream``'s deferred plan (timers and the other streams), after the I/O that is ready."""
         self._send_batch = 0
         """With ``record_timings``: counts the transmits that carry datagrams (which sends share a packet)."""
         self.terminated = False
@@ -315,6 +319,40 @@ class Http3Connection(H3Protocol):
         self.transmit()
         self._schedule_deadline()
 
+    def pump_stream(self, stream_id: int) -> None:
+        """The app pushed events on ``stream_id``: their datagrams leave first (``DatagramScheduler.direct``);
+        the full plan (timers, the other streams) runs later, once the I/O already waiting has been served: work
+        before the send, or between the send and the next read, is render latency (issue 19)."""
+        quic = self.quic
+        if self.terminated or self.h3 is None or self.error_code is not None or has_pending_datagrams(quic):
+            self.pump()
+            return
+        batch = self.scheduler.direct(stream_id, self.loop.time(), datagram_room(quic))
+        if batch is None:
+            self.pump()
+            return
+        if batch:
+            self._send_datagrams(batch)
+            self.transmit()
+        if self._rest_handle is None:
+            # A timer due now runs after the I/O callbacks of the next loop turn (``call_soon`` would run before
+            # them): acks and other streams' packets that are already waiting go first, the bookkeeping after.
+            self._rest_handle = self.loop.call_at(self.loop.time(), self._pump_rest)
+
+    def _pump_rest(self) -> None:
+        """The plan after ``pump_stream``'s send: timers, fallbacks, the other streams; a transmit only if it
+        produced something (an empty transmit still costs aioquic a packet build)."""
+        self._rest_handle = None
+        if self.terminated or self.h3 is None or self.error_code is not None:
+            return
+        quic = self.quic
+        plan = self.scheduler.plan(self.loop.time(), datagram_room(quic),
+                                   transport_queue_empty=not has_pending_datagrams(quic))
+        if plan.steps or plan.datagrams or plan.probe:
+            self._execute(plan)
+            self.transmit()
+        self._schedule_deadline()
+
     def _execute(self, plan: Plan) -> None:
         if plan.probe:
             request_probe(self.quic)
@@ -381,7 +419,7 @@ class Http3Connection(H3Protocol):
         self.pump()
 
     def _cancel_timers(self) -> None:
-        for handle in (self._deadline_handle, self._pump_handle):
+        for handle in (self._deadline_handle, self._pump_handle, self._rest_handle):
             if handle is not None:
                 handle.cancel()
 

@@ -274,7 +274,7 @@ class Request:
                 self.finish_eloquent(stream.finish(now))
                 if hooks is not None:
                     hooks.end("complete")
-            conn.pump()  # at once: a token waiting for the next loop iteration is a token rendered late
+            conn.pump_stream(self.stream_id)  # at once: a token waiting for the next loop turn renders late
             return
         if self.sse is not None:
             messages = self.sse.feed(body)

@@ -75,6 +75,20 @@ class DatagramScheduler:
     def __iter__(self) -> Iterator[EloquentResponseStream]:
         return iter(self.streams.values())
 
+    def direct(self, stream_id: int, now: float, room: int) -> list[tuple[int, bytes]] | None:
+        """The app pushed events on ``stream_id``: its datagrams, to go out before anything else is planned, when
+        nothing is parked, the window has room for all of them and the stream is not due for a fallback or a
+        stall cut. None: use ``plan``. The caller runs ``plan`` after the send (timers, the other streams), so the
+        token's packet does not wait for bookkeeping (issue 19: work before the send is render latency)."""
+        stream = self.streams.get(stream_id)
+        if stream is None or room <= 0 or self.queue or stream.fallback_due(now) or stream.stalled(now):
+            return None
+        datagrams = stream.datagrams_to_send(now)
+        if sum(map(len, datagrams)) > room:  # over the window: parked like plan does, plan releases what fits
+            self.queue.put(stream_id, datagrams, supersede=stream.supersede)
+            return None
+        return [(stream_id, d) for d in datagrams]
+
     def plan(self, now: float, room: int, *, transport_queue_empty: bool) -> Plan:
         """What to do now. ``room``: bytes the congestion controller would let out, minus aioquic's queue."""
         plan = Plan()

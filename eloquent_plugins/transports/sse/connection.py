@@ -1,7 +1,7 @@
 """Writing one stream to one client connection.
 
 Fast path: while the client keeps up, the producer (the app's own task) writes each new event straight to the
-client (``claim`` / ``write_claimed``), so a caught-up stream costs no task switch per event. Otherwise the
+client (``write_direct``), so a caught-up stream costs no task switch per event. Otherwise the
 connection's task writes.
 
 The connection reads the stream from its own cursor: whatever is queued goes out in one write (coalescing: a
@@ -71,6 +71,9 @@ class Connection:
         self._wake: asyncio.Future[None] | None = None
         self._keepalive_due = False
         self._keepalive = KeepAliveTimer(policy, 0.0)
+        self._written_at = 0.0
+        """Loop time of the last bytes handed to ``send``: the keep-alive timer is told when it is asked
+        (``_idle_timer``), not per write (a call less per event on the direct path)."""
         self._sending_since: float | None = None
         self._task: asyncio.Task[str] | None = None
         self._next_lease = 0.0
@@ -82,7 +85,7 @@ class Connection:
         """The producer's task while it is inside a direct ``send`` (a cut cancels it there)."""
         self._producer_task: asyncio.Task[Any] | None = None
         self._local_log = source.log if isinstance(source, LocalSource) else None
-        """The log the producer writes directly from (``claim``); None for a remote source."""
+        """The log the producer writes directly from (``write_direct``); None for a remote source."""
         intervals = [x for x in (policy.interval if policy.enabled else 0.0, send_timeout) if x > 0]
         self._tick_every = min(1.0, min(intervals) / 4) if intervals else 1.0
         if renew_lease is not None:
@@ -152,34 +155,38 @@ class Connection:
         self._end(ConnState.GONE)
         self._wakeup()
 
-    def claim(self) -> bool:
-        """Producer fast path, called before it appends: True if this connection is idle and caught up, in which
-        case the producer must call ``write_claimed()`` right after appending."""
+    async def write_direct(self, feed: Callable[[bytes], None], body: bytes) -> bool:
+        """The producer's fast path: ``feed(body)`` appends the app's chunk to the local log; when this connection
+        is idle and caught up, what it appended is written here, in the producer's own task (no task switch per
+        event), and the result is True. False: appended only, the connection's task writes it.
+
+        Per event, so kept lean: one coroutine for the check, the append and the write (each call on this path
+        is code and data the caches have lost since the stream's previous event on a busy server); the
+        producer's task is looked up once per connection (an ASGI app sends one response body from one task;
+        ``asyncio.current_task`` is slow in Python 3.11), and the clock is read once."""
         log = self._local_log
-        if log is None or self._wake is None or self.busy or self.state is not _OPEN:
-            return False
-        if self.cursor != log.next_index:
+        if (log is None or self._wake is None or self.busy or self.state is not _OPEN
+                or self.cursor != log.next_index):
+            feed(body)
             return False
         self.busy = True
-        self.source.held = True  # type: ignore[attr-defined]
-        return True
-
-    async def write_claimed(self) -> None:
-        """Write what the producer just appended, in the producer's own task (see ``claim``).
-
-        Per event, so kept lean: the producer's task is looked up once per connection (an ASGI app sends one
-        response body from one task; ``asyncio.current_task`` costs more in Python 3.11 than the rest of this
-        method), and the clock is read once."""
         source: LocalSource = self.source  # type: ignore[assignment]
+        source.held = True  # the append must not wake this connection's task: the write happens here
+        try:
+            feed(body)
+        except BaseException:
+            source.held = False
+            self.busy = False
+            self._wakeup()  # whatever was appended before the failure goes out from the connection's task
+            raise
         source.held = False
-        log = source.log
         cursor = self.cursor
         end = log.next_index
         if end <= cursor:
             self.busy = False
             if self._parked_busy:
                 self._wakeup()
-            return
+            return True
         if end - cursor == 1:
             body = log.frames[-1]
         else:
@@ -187,7 +194,7 @@ class Connection:
             if start < 0:  # trimmed before it was written (a tiny max_stream_events): cut, a resume gets a 410
                 self.busy = False
                 self._cut(ConnState.OVERFLOWED)
-                return
+                return True
             body = b"".join(log.frames[start:])
         size = len(body)
         self.cursor = end
@@ -210,13 +217,20 @@ class Connection:
             self._sending_since = None
             self.busy = False
         # The send normally completes without suspending, so the clock read before it is good enough.
-        self._keepalive.activity(now)
+        self._written_at = now
         metrics = self.metrics
         metrics.bytes_sent += size
         metrics.writes += 1
         if (self.state is not _OPEN or self._keepalive_due or self._parked_busy or log.closed
                 or end < log.next_index):
             self._wakeup()
+        return True
+
+    def _idle_timer(self) -> KeepAliveTimer:
+        """The keep-alive timer, told of the last write."""
+        timer = self._keepalive
+        timer.activity(self._written_at)
+        return timer
 
     def _wakeup(self) -> None:
         fut = self._wake
@@ -235,7 +249,7 @@ class Connection:
             if self.max_queued and self.state is _OPEN and self.queued > self.max_queued:
                 self._cut(ConnState.OVERFLOWED)
                 return
-        elif self._keepalive.due(now):
+        elif self._idle_timer().due(now):
             self._keepalive_due = True
             self._wakeup()
         if self.renew_lease is not None and now >= self._next_lease and (
@@ -247,7 +261,7 @@ class Connection:
     async def _run(self) -> str:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        self._keepalive.activity(started)  # the idle clock runs from the response start: before the first token too
+        self._written_at = started  # the idle clock runs from the response start: before the first token too
         self._handle = loop.call_later(self._tick_every, self._tick)
         if self.renew_lease is not None:
             self._next_lease = started + self.lease_every
@@ -291,7 +305,7 @@ class Connection:
                     finally:
                         self.busy = False
                         self._sending_since = None
-                    self._keepalive.activity(loop.time())
+                    self._written_at = loop.time()
                     metrics.bytes_sent += len(body)
                     metrics.writes += 1
                     if self.state is not _OPEN:
@@ -316,13 +330,13 @@ class Connection:
                     finally:
                         self.busy = False
                         self._sending_since = None
-                    self._keepalive.activity(loop.time())
+                    self._written_at = loop.time()
                     metrics.keepalives += 1
                     metrics.bytes_sent += len(frame)
                     continue
                 wake = loop.create_future()
                 self._wake = wake
-                deadline = self._keepalive.deadline()
+                deadline = self._idle_timer().deadline()
                 timeout = deadline - loop.time() if deadline is not None else 1.0
                 await source.wait(self.cursor, max(0.01, timeout), wake)
                 self._wake = None

@@ -31,6 +31,8 @@ from eloquent_plugins.transports.sse.socket_control import socket_control
 from eloquent_plugins.transports.telemetry import StreamSpan
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 
 log = logging.getLogger("eloquent_plugins.transports.sse")
@@ -60,8 +62,8 @@ _SSE, _PASS = Mode.SSE, Mode.PASS  # ``app_send`` runs per event: a global read,
 
 
 class Exchange:
-    __slots__ = ("mw", "scope", "send", "relay", "mode", "started", "log", "producer", "conn", "token", "hooks",
-                 "info", "abandon", "span", "slot", "local_readers", "seen_at", "cut_at", "watched_until")
+    __slots__ = ("mw", "scope", "send", "relay", "mode", "started", "log", "producer", "feed", "conn", "token",
+                 "hooks", "info", "abandon", "span", "slot", "local_readers", "seen_at", "cut_at", "watched_until")
 
     def __init__(self, mw: EloquentMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
         self.mw = mw
@@ -72,6 +74,8 @@ class Exchange:
         self.started = time.monotonic()
         self.log: StreamLog | None = None
         self.producer: Producer | None = None
+        self.feed: Callable[[bytes], None] | None = None
+        """``producer.feed``, bound once (the direct write calls it per event)."""
         self.conn: Connection | None = None
         self.token: str | None = None
         self.hooks: StreamHooks | None = None
@@ -109,6 +113,7 @@ class Exchange:
                     await self._finish()
             finally:
                 self._release_slot()
+                self.relay.forget()
 
     async def app_send(self, message: Message) -> None:
         mode = self.mode
@@ -120,13 +125,10 @@ class Exchange:
                 more = message.get("more_body", False)
                 if body:
                     conn = self.conn
-                    if conn is not None and conn.claim():
+                    if conn is None:
                         producer.feed(body)
-                        await conn.write_claimed()
-                        if more:
-                            return  # the client got it and is caught up: no backlog to check
-                    else:
-                        producer.feed(body)
+                    elif await conn.write_direct(self.feed, body) and more:  # type: ignore[arg-type]  # set with conn
+                        return  # the client got it and is caught up: no backlog to check
                 if not more:
                     producer.close("complete")
                 else:
@@ -198,6 +200,7 @@ class Exchange:
             mw.exchanges[token] = self
         self.producer = Producer(stream_log, token=token, hooks=self.hooks, codec=codec, metrics=metrics,
                                  started=self.started)
+        self.feed = self.producer.feed
         metrics.start(transport)
         metrics.active_streams += 1
         metrics.active_connections += 1

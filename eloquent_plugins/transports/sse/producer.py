@@ -25,11 +25,20 @@ if TYPE_CHECKING:
 
 _DATA = b"data: "
 _BLANK_ENDINGS = (b"\n\n", b"\r\n\r\n", b"\r\r")
+_ID_ENDS = tuple(b"%d\n" % index for index in range(4096))
+"""The end of event n's id line (``n\\n``) for the first 4096 events (~180 KiB per process, built once): a frame
+is then one ``join`` of three bytes objects, 0.1 us less per event than formatting the integer."""
+_ID_ENDS_COUNT = len(_ID_ENDS)
+_join = b"".join
+
+
+def _id_end(index: int) -> bytes:
+    return _ID_ENDS[index] if index < _ID_ENDS_COUNT else b"%d\n" % index
 
 
 class Producer:
     __slots__ = ("log", "hooks", "codec", "metrics", "_id_prefix", "_index", "_parser", "_clean", "_first",
-                 "_last", "_started", "_observe", "_clock", "_id", "max_gap")
+                 "_last", "_started", "_observe", "_clock", "_id", "_plain", "_gap", "max_gap")
 
     def __init__(self, log: StreamLog, *, token: str | None, hooks: StreamHooks, codec: Codec,
                  metrics: StreamMetrics, started: float, clock: Callable[[], float] = time.monotonic) -> None:
@@ -48,6 +57,10 @@ class Producer:
         self._last = 0.0
         self._started = started
         self._observe = hooks.active
+        self._plain = False
+        """Set from the second event on when no plugin sees events and the stream has ids: ``feed`` then logs a
+        ``data:`` chunk inline (``_event``'s common case without its branches)."""
+        self._gap = metrics.gap.observe
         self._clock = clock
         self.max_gap = 0.0
         """The largest gap between two events so far (seconds): the stream's worst stall at the source."""
@@ -68,7 +81,21 @@ class Producer:
         # The common case, one ``data:`` line and its blank line (int arguments: no bytes objects built per call).
         if (self._clean and body.startswith(_DATA) and body.find(10) == len(body) - 2 and body[-1] == 10
                 and 13 not in body):
-            self._event(None, None, body)
+            if not self._plain:
+                self._event(None, None, body)
+                return
+            # ``_event`` for this case, inline (runs per token).
+            index = self._index
+            self._index = index + 1
+            frame = _join((self._id_prefix, _ID_ENDS[index] if index < _ID_ENDS_COUNT else b"%d\n" % index, body))
+            now = self._clock()
+            gap = now - self._last
+            self._gap(gap)
+            if gap > self.max_gap:
+                self.max_gap = gap
+            self._last = now
+            self.metrics.events += 1
+            self.log.append(frame)
             return
         if self._clean and body.startswith(b":") and body.endswith(b"\n\n") and body.count(b"\n") == 2:
             return  # the app's own keep-alive comment
@@ -95,14 +122,15 @@ class Producer:
         if frame is None:
             frame = format_event(payload, event=event)  # type: ignore[arg-type]
         if self._id:
-            frame = b"%s%d\n%s" % (self._id_prefix, index, frame)
+            frame = _join((self._id_prefix, _id_end(index), frame))
         now = self._clock()
         if self._first is None:
             self._first = now
             self.metrics.ttft.observe(now - self._started)
+            self._plain = self._id and not self._observe
         else:
             gap = now - self._last
-            self.metrics.gap.observe(gap)
+            self._gap(gap)
             if gap > self.max_gap:
                 self.max_gap = gap
         self._last = now

@@ -107,6 +107,11 @@ class ReceiveRelay:
         """Treat the client as gone (it stopped reading: send timeout)."""
         self._gone()
 
+    def forget(self) -> None:
+        """The exchange is over: drop the ``on_gone`` callbacks (they hold it, and it holds this relay: a cycle that
+        only the garbage collector would free, once per request)."""
+        self._on_gone = []
+
     def close(self) -> None:
         if self._pump is not None:
             self._pump.cancel()
