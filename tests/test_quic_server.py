@@ -253,3 +253,41 @@ async def test_keepalive_during_silence_on_both_paths() -> None:
                         assert h3._sse.comments_seen >= 2
     finally:
         await srv.close()
+
+
+async def test_hooks_fire_once_when_the_hosted_app_has_the_middleware() -> None:
+    """``eloquent serve`` and the vLLM plugin host an app wrapped in ``EloquentMiddleware``: the front end and the
+    middleware would both fire the stream hooks, and a transform would apply twice. The middleware claims them
+    (``HOOKS_EXTENSION``) and reports the front end's transport label."""
+    from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+
+    starts: list[str] = []
+    ends: list[tuple[str, str]] = []
+
+    class Mark:
+        @hookimpl
+        def eloquent_stream_start(self, stream):  # type: ignore[no-untyped-def]
+            starts.append(stream.transport)
+
+        @hookimpl
+        def eloquent_transform_event(self, stream, event):  # type: ignore[no-untyped-def]
+            return event.payload + b"!" if event.payload == b"[DONE]" or event.payload.startswith(b"[DONE]!") else None
+
+        @hookimpl
+        def eloquent_stream_end(self, stream, reason):  # type: ignore[no-untyped-def]
+            ends.append((stream.transport, reason))
+
+    pm = create_plugin_manager(load_entry_points=False, plugins=[Mark()])
+    app = EloquentMiddleware(create_engine_app(EngineConfig(ttft=0.0, tpot=0.001)), StreamConfig(), plugin_manager=pm)
+    srv = await start_http3_server(app, host="127.0.0.1", port=0, config=StreamConfig(), plugin_manager=pm)
+    try:
+        for transport in ("eloquent", "h3-stream"):
+            async with EloquentClient(url(srv), transport=transport, verify=False) as client:
+                async with client.stream("POST", "/v1/chat/completions", json=chat(5)) as s:
+                    events = [e async for e in s.events()]
+            assert events[-1].data == "[DONE]!"  # transformed once, not "[DONE]!!"
+        await asyncio.sleep(0.2)  # the Eloquent stream's end waits for the final ack
+    finally:
+        await srv.close()
+    assert sorted(starts) == ["eloquent", "h3"]
+    assert sorted(ends) == [("eloquent", "complete"), ("h3", "complete")]

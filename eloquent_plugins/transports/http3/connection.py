@@ -42,6 +42,7 @@ from eloquent_plugins.h3glue import (
     request_probe,
     stream_send_backlog,
 )
+from eloquent_plugins.transports.asgi import HOOKS_EXTENSION
 from eloquent_plugins.transports.http3.guards import (
     STREAM_HIGH_WATER,
     Rejection,
@@ -214,6 +215,9 @@ class Http3Connection(H3Protocol):
             return None
         request.hooks = StreamHooks(self.state.plugin_manager, StreamInfo(
             request.request_id, route=scope["path"], transport=transport, codec="raw"))
+        scope["extensions"][HOOKS_EXTENSION] = {  # an EloquentMiddleware in the app claims the hooks (request.py)
+            "transport": "eloquent" if scheme is not Scheme.STREAM and self.peer_accepts_datagrams else transport,
+            "claimed": False}
         if ended:
             request.on_body(b"", True)
         else:

@@ -33,6 +33,7 @@ from eloquent_plugins.core.sse_reader import SSEParser
 from eloquent_plugins.core.sse_writer import format_event
 from eloquent_plugins.h3glue import CONNECTION_SPECIFIC
 from eloquent_plugins.transports.access_log import request_line
+from eloquent_plugins.transports.asgi import HOOKS_EXTENSION
 from eloquent_plugins.transports.http3.guards import STREAM_HIGH_WATER, BodyGuard, Rejection
 
 if TYPE_CHECKING:
@@ -223,6 +224,8 @@ class Request:
 
     def start_response(self, status: int, raw_headers: list[Any]) -> None:
         conn = self.conn
+        if self.scope["extensions"].get(HOOKS_EXTENSION, {}).get("claimed"):
+            self.hooks = None  # the app's EloquentMiddleware fires them for this stream (``HOOKS_EXTENSION``)
         headers = [(bytes(k).lower(), bytes(v)) for k, v in raw_headers]
         content_type = next((v for k, v in headers if k == b"content-type"), b"")
         is_sse = content_type.split(b";")[0].strip().lower() == b"text/event-stream"

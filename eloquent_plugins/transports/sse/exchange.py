@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from eloquent_plugins.core.hooks.manager import StreamHooks
 from eloquent_plugins.core.hooks.specs import StreamInfo
-from eloquent_plugins.transports.asgi import Message, Receive, Scope, Send
+from eloquent_plugins.transports.asgi import HOOKS_EXTENSION, Message, Receive, Scope, Send
 from eloquent_plugins.transports.metrics import transport_label
 from eloquent_plugins.transports.resume.base import StreamMeta
 from eloquent_plugins.transports.resume.local import LocalSource
@@ -169,7 +169,11 @@ class Exchange:
         codec = mw.codec_for(path)
         stream_id = new_stream_id()
         transport = transport_label(scope)
-        self.info = StreamInfo(stream_id, route=path, transport="sse", codec=codec.name)
+        hosted = (scope.get("extensions") or {}).get(HOOKS_EXTENSION)
+        if isinstance(hosted, dict):  # the server would fire the hooks too (HTTP/3 front end): they are ours
+            hosted["claimed"] = True
+        label = hosted.get("transport", "sse") if isinstance(hosted, dict) else "sse"
+        self.info = StreamInfo(stream_id, route=path, transport=label, codec=codec.name)
         self.hooks = StreamHooks(mw.pm, self.info)
         token: str | None = None
         stream_log: StreamLog | None = None
