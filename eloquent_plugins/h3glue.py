@@ -104,27 +104,11 @@ def datagram_room(quic: QuicConnection) -> int:
     return int(loss.congestion_window - loss.bytes_in_flight - queued)
 
 
-ADVERTISED_MAX_ACK_DELAY = 0.025
-"""The ``max_ack_delay`` aioquic announces to its peer (25 ms, fixed in 1.7): the longest an ACK may be held."""
-HELD_ACK_DELAY = 0.02
-"""What ``H3Protocol.hold_acks`` holds ACKs for by default: under the 25 ms announced, with room for a late timer."""
-
-
-def set_ack_delay(quic: QuicConnection, seconds: float) -> None:
-    """How long aioquic holds the ACK of an ack-eliciting packet before sending it alone (``K_GRANULARITY``, 1 ms,
-    by default). An ACK due later rides in whatever packet leaves first (with ``acknowledge_now`` before a send):
-    the front end, whose every Eloquent datagram is answered by an ack datagram, then acknowledges those in its
-    next data packet instead of an ACK-only packet (and a wake-up) per token."""
-    if not 0 < seconds <= ADVERTISED_MAX_ACK_DELAY:
-        raise ConfigError(f"ack delay must be in (0, {ADVERTISED_MAX_ACK_DELAY}] s (the max_ack_delay aioquic "
-                          f"announces), got {seconds}")
-    quic._ack_delay = seconds
-
-
 def acknowledge_now(quic: QuicConnection, now: float) -> None:
-    """Have the next transmit carry the QUIC ACK of what was received, instead of waiting for aioquic's ack timer
-    (``set_ack_delay``) and going alone (RFC 9000 lets an ACK go early): the front end puts the ACK it holds in the
-    next token's packet."""
+    """Have the next transmit carry the QUIC ACK of what was received instead of waiting for aioquic's ack timer
+    (1 ms; RFC 9000 lets an ACK go early). The front end acknowledges a client's ack datagram in the transmit that
+    follows its input: not in the next token's packet, where writing it (server) and processing it (client) come
+    before the token's send and render (issue 19, docs/results/e2e-vs-sim.md)."""
     space = quic._spaces[tls.Epoch.ONE_RTT]
     if space.ack_at is not None and space.ack_at > now:
         space.ack_at = now
@@ -239,10 +223,6 @@ class H3Protocol(QuicConnectionProtocol):
         """The next transmit carries QUIC's ACK of what arrived (see ``acknowledge_now``)."""
         acknowledge_now(self._quic, self._loop.time())
 
-    def hold_acks(self, seconds: float = HELD_ACK_DELAY) -> None:
-        """QUIC's ACKs wait up to ``seconds`` for a packet to ride in (see ``set_ack_delay``)."""
-        set_ack_delay(self._quic, seconds)
-
     def stop_driving(self) -> None:
         """See ``stop_driving``: call before closing the transport of a connection that did not end cleanly."""
         stop_driving(self)
@@ -306,16 +286,14 @@ _UPSTREAM: dict[str, tuple[Any, str]] = {
     "QuicConnectionProtocol.transmit": (QuicConnectionProtocol.transmit, "31b06ca7f4e21d2e"),
     "QuicConnection._close_end": (QuicConnection._close_end, "7e32d95840a68634"),
     "QuicConnection.receive_datagram": (QuicConnection.receive_datagram, "3c7f29826050cbfe"),
-    # acknowledge_now: an ACK frame goes in the next 1-RTT packet once ``space.ack_at <= now``; set_ack_delay:
-    # receive_datagram arms ``ack_at`` with ``_ack_delay``, and 25 ms is the max_ack_delay announced.
+    # acknowledge_now: receive_datagram arms ``space.ack_at``; an ACK frame goes in the next 1-RTT packet once
+    # ``ack_at <= now``.
     "QuicConnection._write_application": (QuicConnection._write_application, "c37bf64378f72b2f"),
-    "QuicConnection._serialize_transport_parameters": (QuicConnection._serialize_transport_parameters,
-                                                       "be651f3ddfcd3f39"),
 }
 
 
 def aioquic_drift() -> list[str]:
-    """The aioquic internals ``GuardedQuicServer``, ``abandon``, ``acknowledge_now`` and ``set_ack_delay`` rely on
+    """The aioquic internals ``GuardedQuicServer``, ``abandon`` and ``acknowledge_now`` rely on
     whose source is no longer the one they were written against (review them, then update the hashes)."""
     import hashlib
     import inspect

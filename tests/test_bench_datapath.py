@@ -21,8 +21,9 @@ def test_tiny_run_prints_and_writes_figures(tmp_path: Path, capsys: object) -> N
         (run,) = figures["live"][scheme]["runs"]
         assert run["tokens"] >= 30  # every event read (the engine adds its closing events)
         assert live[scheme]["server_us"] > 0 and live[scheme]["client_us"] > 0
-    # One datagram down per token (QUIC's ACK of the client's ack rides in it): it was two before.
-    assert live["eloquent"]["down_packets"] <= live["stream"]["down_packets"] + 0.2
+    # Two datagrams down per token: the token's, and QUIC's ACK of the client's ack datagram, sent as soon as the
+    # ack arrives (in the next token's packet it delayed that token's send and render: docs/results/e2e-vs-sim.md).
+    assert abs(live["eloquent"]["down_packets"] - (live["stream"]["down_packets"] + 1)) <= 0.2
     # Up: the ack datagram and QUIC's ACK, each per token (the stream path: QUIC's ACK only).
     assert live["eloquent"]["up_packets"] <= 2 * live["stream"]["up_packets"] + 0.2
     assert figures["core_us"]["median"] > 0

@@ -102,3 +102,42 @@ def test_cli_lists_subcommands() -> None:
         parser.parse_args(["no-such-command"])
     assert exc.value.code == 2
 
+
+
+def test_response_stream_fast_path_cuts_the_same_events_as_the_parser() -> None:
+    """``feed_body`` takes a one-line ASCII ``data:`` chunk without the SSE parser; on any body, in any split, the
+    events (payloads, kinds, order) and the digest must be those the parser alone gives."""
+    import random
+
+    from eloquent_plugins.core.response_stream import EloquentResponseStream
+    from eloquent_plugins.core.sender import SenderConfig
+    from eloquent_plugins.core.sse_reader import SSEParser
+
+    class ParserOnly(SSEParser):
+        @property
+        def idle(self) -> bool:
+            return False
+
+    pieces = [b"data: tok\n\n", b"data:tok\n\n", b"data:  two spaces\n\n", b"data: caf\xc3\xa9\n\n",
+              b"data: a\ndata: b\n\n", b"data: crlf\r\n\r\n", b": comment\n\n", b"event: x\ndata: y\n\n",
+              b"id: 7\ndata: z\n\n", b"\xef\xbb\xbfdata: bom\n\n", b"data: [DONE]\n\n", b"retry: 5\n\n",
+              b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n', b"data: cr\r\r", b"data: \n\n", b"data: bad\xff\n\n"]
+    rng = random.Random(5)
+    fast_hits = 0
+    for _ in range(400):
+        body = b"".join(rng.choice(pieces[:9] + pieces[10:]) for _ in range(rng.randint(1, 12)))
+        if rng.random() < 0.1:
+            body = pieces[9] + body  # a BOM is only one at the very start
+        cuts = sorted(rng.sample(range(1, len(body)), min(len(body) - 1, rng.randint(0, 6))))
+        chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)])]
+        if rng.random() < 0.5:  # also chunk exactly at message ends, as an engine sends
+            chunks = [m + b"\n\n" for m in body.split(b"\n\n")[:-1]] or chunks
+        fast = EloquentResponseStream(0, SenderConfig(), now=0.0)
+        slow = EloquentResponseStream(0, SenderConfig(), now=0.0)
+        slow._parser = ParserOnly()
+        for chunk in chunks:
+            fast_hits += fast._parser.idle and chunk.startswith(b"data: ")
+            assert fast.feed_body(chunk, 0.0) == slow.feed_body(chunk, 0.0)
+        assert [(e.index, e.kind, e.payload) for e in fast._log] == [(e.index, e.kind, e.payload) for e in slow._log]
+        assert fast.finish(0.0) == slow.finish(0.0)  # the trailer carries the digest of every payload
+    assert fast_hits > 100  # the fast path was taken

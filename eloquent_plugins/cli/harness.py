@@ -1,4 +1,4 @@
-# long: one harness (conditions, servers, relay, clients, stall scoring, stream staggering) shared by demo, chat and bench e2e
+# long: one harness (conditions, servers, relay, clients, staggering, stall scoring) for demo, chat and bench e2e
 """The in-process end-to-end harness: the built-in engine behind the HTTP/3 front end behind the lossy relay,
 one client per scheme, and the stall scoring of what they rendered.
 

@@ -81,7 +81,18 @@ class EloquentResponseStream:
                   transform: Callable[[int, bytes], bytes] | None = None) -> int:
         """Cut the body into SSE messages and push each data field as an event; returns how many.
         ``transform(index, payload)`` may replace each payload first (the per-event plugin hooks)."""
-        messages = self._parser.feed(chunk)
+        parser = self._parser
+        # The common chunk, one ASCII ``data:`` line and its blank line (an engine's token): its payload is the
+        # line's bytes; the parser would decode them, build a message and encode them again (render latency:
+        # this runs before the token's packet leaves, docs/results/e2e-vs-sim.md).
+        if (parser.idle and chunk.startswith(b"data: ") and chunk.find(10) == len(chunk) - 2 and chunk[-1] == 10
+                and 13 not in chunk and chunk.isascii()):
+            payload = chunk[6:-2]
+            if transform is not None:
+                payload = transform(self.sender.next_index, payload)
+            self._push(payload, now, EventKind.DATA)
+            return 1
+        messages = parser.feed(chunk)
         for message in messages:
             payload = message.data.encode("utf-8")
             if transform is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from enum import Enum, Flag, auto
+from enum import Enum, IntFlag, auto
 from typing import Literal
 
 from eloquent_plugins.core.delta import make_delta
@@ -91,8 +91,8 @@ class SenderState(Enum):
     """The final event was acknowledged: nothing more will ever be sent."""
 
 
-class Pending(Flag):
-    """Work the next ``datagrams_to_send`` owes. A Flag, not part of ``SenderState``: these are independent and
+class Pending(IntFlag):
+    """Work the next ``datagrams_to_send`` owes. Flags, not part of ``SenderState``: these are independent and
     several are often due at once (new events while a probe timer fires, a keep-alive falling due meanwhile),
     and each is cleared on its own (an ack that moves the window clears only ``PROBE``)."""
 
@@ -107,7 +107,10 @@ class Pending(Flag):
     """The keep-alive idle timer expired."""
 
 
-_SEND = Pending.RUN | Pending.PROBE
+# The sender keeps its ``Pending`` set as a plain int and tests it with these: Flag arithmetic runs enum.py's
+# Python code on every token, before the token's packet can leave (render latency; docs/results/e2e-vs-sim.md).
+_RUN, _PROBE, _CADENCE, _KEEPALIVE = int(Pending.RUN), int(Pending.PROBE), int(Pending.CADENCE), int(Pending.KEEPALIVE)
+_SEND = _RUN | _PROBE
 """What makes ``datagrams_to_send`` flush the run."""
 
 
@@ -129,7 +132,8 @@ class EloquentSender:
         self._next_index = 0
         self._reference: bytes | None = None
         self.state = SenderState.OPEN
-        self._pending = Pending.NONE
+        self._pending = 0
+        """``Pending`` bits, as an int."""
 
     # ---- engine side -------------------------------------------------------------------------------------
     def push(self, payload: bytes, now: float, kind: EventKind = EventKind.DATA) -> StreamEvent:
@@ -147,7 +151,7 @@ class EloquentSender:
                 self._deltas[event.index] = make_delta(previous, event.payload)
         self._unacked.append(event)
         self._next_index += 1
-        self._pending |= Pending.RUN
+        self._pending |= _RUN
         if kind is not EventKind.DATA:
             self.state = SenderState.ENDED
         return event
@@ -190,18 +194,18 @@ class EloquentSender:
             if self.state is SenderState.ENDED and not self._unacked:
                 self.state = SenderState.DONE
             recovery.on_progress()
-            self._pending &= ~Pending.PROBE
+            self._pending &= ~_PROBE
             if sent_upto + 1 < self._next_index:
-                self._pending |= Pending.RUN  # a flush was cut at max_run_datagrams: the window moved, send more
+                self._pending |= _RUN  # a flush was cut at max_run_datagrams: the window moved, send more
         elif (self._unacked and recovery.split_run_lost(ack.largest_packet_number)
-              and Pending.RUN not in self._pending):
+              and not self._pending & _RUN):
             # The receiver has our newest flush but still misses its start: part of a split run was lost.
-            self._pending |= Pending.PROBE
+            self._pending |= _PROBE
         if not self.config.carry_unacked and self._unacked:
             # Packets carry only new events here, so a lost one is never repaired by the next: once the packet
             # carrying the oldest unacked event is deemed lost, the run is resent from it (a retransmission).
             if recovery.carrier_lost(self._unacked[0].index, ack.largest_packet_number):
-                self._pending |= Pending.PROBE
+                self._pending |= _PROBE
 
     def copies_now(self) -> int:
         """How many copies of each run datagram the next flush sends (``SenderConfig.redundancy``)."""
@@ -222,46 +226,46 @@ class EloquentSender:
         unacked = bool(self._unacked)
         probe = self._recovery.probe_deadline(unacked)
         if probe is not None and now >= probe:
-            self._pending |= Pending.PROBE
+            self._pending |= _PROBE
         cadence = self._recovery.cadence_deadline(unacked)
-        if cadence is not None and now >= cadence and Pending.PROBE not in self._pending:
-            self._pending |= Pending.PROBE | Pending.CADENCE
+        if cadence is not None and now >= cadence and not self._pending & _PROBE:
+            self._pending |= _PROBE | _CADENCE
         if not self.done and self._keepalive.due(now):
-            self._pending |= Pending.KEEPALIVE
+            self._pending |= _KEEPALIVE
 
     def probe(self) -> None:
         """Resend the unacked run on the next ``datagrams_to_send`` (a transport protecting the stream's tail:
         the last packet has no successor to repair it)."""
         if self._unacked:
-            self._pending |= Pending.PROBE
+            self._pending |= _PROBE
 
     # ---- output ------------------------------------------------------------------------------------------
     def datagrams_to_send(self, now: float) -> list[bytes]:
         """Datagrams due now: the current run (on new events or a probe) or a keep-alive during silence."""
         self.handle_timer(now)
         pending = self._pending
-        if pending is Pending.NONE:  # most calls: the transport pumps after every ack
+        if not pending:  # most calls: the transport pumps after every ack
             return []
         if pending & _SEND and self._unacked:
             packetizer, recovery = self._packetizer, self._recovery
-            if Pending.RUN in pending:
+            if pending & _RUN:
                 recovery.new_data_at = now
             datagrams = packetizer.build_run(self._unacked, self._base, self._reference, self._deltas, now,
-                                             only_new=not (Pending.PROBE in pending or self.config.carry_unacked))
+                                             only_new=not (pending & _PROBE or self.config.carry_unacked))
             last = packetizer.next_number - 1
             copies = recovery.copies()
             if copies > 1:
                 datagrams = datagrams + packetizer.recopies(copies - 1, now)
             recovery.on_flush(now, last, packetizer.next_number - 1, len(datagrams), copies)
             datagrams = packetizer.duplicate(datagrams)
-            if Pending.RUN not in pending:  # a probe: it resends the run, nothing new
-                recovery.on_probe_sent(cadence=Pending.CADENCE in pending)
+            if not pending & _RUN:  # a probe: it resends the run, nothing new
+                recovery.on_probe_sent(cadence=bool(pending & _CADENCE))
                 self.stats.probe_packets += len(datagrams)
-            self._pending = Pending.NONE
+            self._pending = 0
             return datagrams
-        self._pending &= Pending.KEEPALIVE
+        self._pending &= _KEEPALIVE
         if self._pending and not self.done:
-            self._pending = Pending.NONE
+            self._pending = 0
             return [self._packetizer.keepalive(now)]
         return []
 

@@ -41,6 +41,12 @@ class SSEParser:
         self._comments: list[str] = []
         self._pending_cr = False
 
+    @property
+    def idle(self) -> bool:
+        """Between messages: past the stream's start (BOM), nothing buffered, no message begun. A chunk that is
+        one whole message then parses the same with or without the state."""
+        return self._started and not self._buffer and not self._raw and not self._pending_cr
+
     def feed(self, chunk: bytes) -> list[SSEMessage]:
         if not chunk:
             return []

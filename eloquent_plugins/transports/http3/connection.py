@@ -84,7 +84,6 @@ class Http3Connection(H3Protocol):
         """Browser sessions (docs/BROWSER.md); None when ``webtransport_path`` is off."""
         if not state.options.pacing:
             disable_pacing(self.quic)
-        self.hold_acks()  # QUIC's ACK of a client's ack datagram goes in the next token's packet, not alone
         state.connections.add(self)
 
     @property
@@ -93,6 +92,7 @@ class Http3Connection(H3Protocol):
 
     # ---- network -----------------------------------------------------------------------------------------
     def after_input(self) -> None:
+        self.acknowledge_now()  # QUIC's ACK of the input (a client's ack datagram) goes now, not in a token's packet
         self.pump()
 
     def after_timer(self) -> None:
@@ -378,7 +378,6 @@ class Http3Connection(H3Protocol):
 
     def _send_datagrams(self, batch: list[tuple[int, bytes]]) -> None:
         assert self.h3 is not None
-        self.acknowledge_now()  # the ACK ``hold_acks`` keeps waiting rides in the first of these packets
         limit = peer_max_datagram_frame_size(self.quic) or 0
         previous_stream: int | None = None
         record = self.state.options.record_timings
