@@ -339,8 +339,9 @@ class Http3Connection(H3Protocol):
             self._send_datagrams(batch)
             self.transmit()
         if self._rest_handle is None:
-            # A timer due now runs after the I/O callbacks of the next loop turn (``call_soon`` would run before
-            # them): acks and other streams' packets that are already waiting go first, the bookkeeping after.
+            # On asyncio's loop a timer due now runs after the I/O callbacks of the next turn (``call_soon`` would
+            # run before them): acks and other streams' packets already waiting go first, the bookkeeping after.
+            # uvloop runs due timers before its poll: there the plan simply comes one turn later.
             self._rest_handle = self.loop.call_at(self.loop.time(), self._pump_rest)
 
     def _pump_rest(self) -> None:
