@@ -398,9 +398,18 @@ def test_adapter_cost_times_the_vllm_stack_on_requests_that_bypass_it() -> None:
     """Item 4's in-process figure: the adapter around a stand-in app, bypass and non-streamed (no timing asserted)."""
     from eloquent_vllm import bench_cost as adapter_cost
 
-    result = asyncio.run(adapter_cost.measure(messages=16, requests=20, repeat=1))
+    result = asyncio.run(adapter_cost.measure(messages=16, requests=20, repeat=1, opcodes=True))
     assert result["messages"] == 16
     assert result["bypass_bare_us_per_request"] > 0 and result["non_streamed_bare_us_per_request"] > 0
     assert {"bypass_added_us_per_request", "non_streamed_added_us_per_request", "bypass_added_ns_per_event",
             "sse_added_us_per_request", "sse_added_ns_per_event"} <= set(result)
     assert result["sse_bare_us_per_request"] > 0
+    # The bytecode count is exact: the per-event path is the connection's direct write, and only it and the calls
+    # it cannot avoid run per event (a change that adds a Python call per event shows here).
+    assert result["sse_opcodes_per_event"] > 0 and result["sse_bare_opcodes_per_event"] > 0
+    by_function = result["sse_opcodes_by_function"]
+    assert max(by_function, key=by_function.get) == "sse/connection.py:write_direct"
+    # The producer's general path runs for each request's first event only: ~7 bytecodes per event over 16 events,
+    # ~110 if it ran for every event.
+    producer = sum(count for name, count in by_function.items() if name.startswith("sse/producer.py:"))
+    assert 0 < producer < 30, by_function

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any, Self
 
@@ -312,7 +313,7 @@ async def test_restart_with_redis_store_resumes_on_the_new_instance() -> None:
 async def test_producer_replica_crash_ends_a_resume_on_another_replica_instead_of_hanging() -> None:
     """A replica dies mid-stream (SIGKILL, no end marker written): a resume on another replica must not wait for
     the keys to expire (minutes); the producer's heartbeat lapses and the body ends uncompleted."""
-    from eloquent_plugins.transports.resume.redis_store import HEARTBEAT_TTL
+    from eloquent_plugins.transports.resume.redis_store import HEARTBEAT_TTL, RedisStore
 
     async def scenario() -> None:
         with RedisProcess() as redis:
@@ -320,11 +321,23 @@ async def test_producer_replica_crash_ends_a_resume_on_another_replica_instead_o
                 async with httpx.AsyncClient(base_url=first.url, timeout=60) as client:
                     async with client.stream("POST", "/v1/chat/completions",
                                              json=chat(3000, seed=7, tpot=0.01)) as response:
+                        token = response.headers["x-eloquent-stream"]
                         parser, got = SSEParser(), []
                         async for chunk in response.aiter_raw():
                             got += parser.feed(chunk)
                             if len(got) > 20:
                                 break
+                # Killed once Redis holds what the client has: the resume starts, then the heartbeat lapses. (Killed
+                # earlier, the resume names an event Redis never got and is refused with 410 before any body:
+                # RedisSource._await_sent, tests/test_sse_edges.py. Under load the mirror can be that far behind.)
+                store = RedisStore(redis.url)
+                try:
+                    deadline = time.monotonic() + 10
+                    while len(await store.redis.xrange(store.key("s", token))) < len(got):
+                        assert time.monotonic() < deadline, "the mirror did not copy the events the client holds"
+                        await asyncio.sleep(0.01)
+                finally:
+                    await store.aclose()
                 first.proc.kill()
                 first.proc.wait()
             with redis_replica(redis.url) as second:

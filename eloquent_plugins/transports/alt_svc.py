@@ -8,6 +8,8 @@ no header: the client is already there.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from eloquent_plugins.core.protocol import ALT_SVC_HEADER
 from eloquent_plugins.transports.asgi import ASGIApp, Message, Receive, Scope, Send
 
@@ -35,11 +37,13 @@ class AltSvcMiddleware:
             return
         value = alt_svc_value(port, self.max_age)
 
-        async def with_alt_svc(message: Message) -> None:
+        def with_alt_svc(message: Message) -> Awaitable[None]:
+            # A plain function handing back the server's ``send``: it runs per streamed event, where a coroutine of
+            # ours would cost every token (issue 16).
             if message["type"] == "http.response.start":
                 headers = [(k, v) for k, v in message.get("headers", ()) if bytes(k).lower() != ALT_SVC_HEADER]
                 message = {**message, "headers": [*headers, (ALT_SVC_HEADER, value)]}
-            await send(message)
+            return send(message)
 
         await self.app(scope, receive, with_alt_svc)
 

@@ -8,7 +8,8 @@ app that answers with ``messages`` body messages, against the bare app: CPU per 
 answer, which goes through the SSE middleware's pass-through), and per event of a stream through the SSE
 middleware (the plugin's SSE path; the app yields between events as an engine does). Run it with vLLM's venv or
 ours:
-``python -m eloquent_vllm.bench_cost [--messages 256] [--requests 2000] [--loop uvloop] [--gc] [--cold 1024]``.
+``python -m eloquent_vllm.bench_cost [--messages 256] [--requests 2000] [--loop uvloop] [--gc] [--cold 1024]
+[--opcodes]``.
 
 ``--loop uvloop``: the loop vLLM's API server runs on (its ``loop.time`` and callbacks are C, so what Python code
 costs differs from the default loop). ``--gc``: the garbage collector's share, per path: collections per
@@ -18,14 +19,19 @@ kept alive per event make the collector run inside whatever allocates next (the 
 profiler charges it. ``--cold KIB``: the SSE path per event with cold caches, as on a live server, where an engine
 step and the other streams run Python code over other memory between two events of one stream: before each event
 the stand-in app reads one attribute of each of KIB * 16 objects (~KIB KiB), and only its ``send`` calls are timed.
+``--opcodes``: the Python bytecodes the adapter stack adds per event on the SSE path (``sys.settrace`` with opcode
+events, through the middleware minus the bare app), by function: exact and repeatable, so a change to the
+per-event path can be judged on a machine too noisy to time it (CPU time per bytecode varies; the count does not).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import gc
 import statistics
+import sys
 import time
 from argparse import Namespace
 from types import SimpleNamespace
@@ -129,6 +135,26 @@ async def _check_through_middleware(wrapped: ASGIApp, outer: Any, messages: int)
         raise RuntimeError(f"the SSE measure did not go through the middleware: {body[:200]!r}")
 
 
+async def opcodes_per_event(asgi: ASGIApp, outer: Any, *, requests: int, case: str) -> collections.Counter[str]:
+    """Bytecodes executed over ``requests`` requests of ``case``, by ``folder/file.py:function``."""
+    counts: collections.Counter[str] = collections.Counter()
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            code = frame.f_code
+            counts["/".join(code.co_filename.split("/")[-2:]) + ":" + code.co_name] += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        for _ in range(requests):
+            await asgi(_scope(outer, case, bypass=False), _receive, _sink)
+    finally:
+        sys.settrace(None)
+    return counts
+
+
 class GcMeter:
     """Collections per generation and the time spent in them while installed in ``gc.callbacks``."""
 
@@ -175,16 +201,17 @@ async def gc_figures(asgi: ASGIApp, outer: Any, *, bypass: bool, requests: int, 
 
 
 async def measure(messages: int = 256, requests: int = 2000, repeat: int = 7, *,
-                  with_gc: bool = False, cold_kib: int = 0) -> dict[str, float]:
+                  with_gc: bool = False, cold_kib: int = 0, opcodes: bool = False) -> dict[str, Any]:
     """Median added CPU (us) per request and (bypass) per event of the adapter stack over the bare app; with
     ``with_gc``, also the collector's figures per path (``gc_<case>_<figure>``; ``<case>`` is bare_bypass, bypass,
     bare_sse or sse); with ``cold_kib``, the SSE path's added CPU per event with cold caches (``sse_cold_*``, one
-    request per repeat and side)."""
+    request per repeat and side); with ``opcodes``, the SSE path's added bytecodes per event (``sse_opcodes_per_event``)
+    and the functions that run them, most first (``sse_opcodes_by_function``, per event)."""
     from eloquent_vllm.middleware import VllmStreamMiddleware  # same package
 
     outer = SimpleNamespace(state=SimpleNamespace(args=Namespace(stream_transport="sse", eloquent_keepalive=15.0,
                                                                  host="127.0.0.1", port=8000)))
-    out: dict[str, float] = {"messages": messages}
+    out: dict[str, Any] = {"messages": messages}
     cases = {"bypass": (True, stand_in_app(messages, b"text/event-stream")),
              "non_streamed": (False, stand_in_app(1, b"application/json")),
              "sse": (False, stand_in_app(messages, b"text/event-stream", yields=True))}
@@ -195,6 +222,16 @@ async def measure(messages: int = 256, requests: int = 2000, repeat: int = 7, *,
     bare_app = dispatch(apps)
     wrapped = VllmStreamMiddleware(bare_app)
     await _check_through_middleware(wrapped, outer, messages)
+    if opcodes:
+        for _ in range(3):  # first requests of a path import and build what later ones reuse
+            await cpu_per_request_us(wrapped, outer, bypass=False, requests=1, case="sse")
+        bare_ops = await opcodes_per_event(bare_app, outer, requests=4, case="sse")
+        added = await opcodes_per_event(wrapped, outer, requests=4, case="sse")
+        added.subtract(bare_ops)
+        per = 1 / (4 * messages)
+        out["sse_bare_opcodes_per_event"] = sum(bare_ops.values()) * per
+        out["sse_opcodes_per_event"] = sum(added.values()) * per
+        out["sse_opcodes_by_function"] = {name: count * per for name, count in added.most_common() if count > 0}
     if with_gc:
         for label in ("bypass", "sse"):
             bypass = cases[label][0]
@@ -234,8 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cold", type=int, default=0, metavar="KIB",
                         help="also time the SSE path with cold caches: Python code over KIB KiB of other objects "
                         "between events")
+    parser.add_argument("--opcodes", action="store_true",
+                        help="also count the Python bytecodes the stack adds per event on the SSE path, by function")
     args = parser.parse_args(argv)
-    r = run(measure(args.messages, args.requests, args.repeat, with_gc=args.gc, cold_kib=args.cold), args.loop)
+    r = run(measure(args.messages, args.requests, args.repeat, with_gc=args.gc, cold_kib=args.cold,
+                    opcodes=args.opcodes), args.loop)
     print(f"bypass ({args.messages} events/request): bare {r['bypass_bare_us_per_request']:.1f} us/request, "
           f"adapter adds {r['bypass_added_us_per_request']:.2f} us/request = "
           f"{r['bypass_added_ns_per_event']:.0f} ns/event")
@@ -246,6 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.cold:
         print(f"SSE path, cold caches ({args.cold} KiB of other objects read between events): adapter adds "
               f"{r['sse_cold_added_ns_per_event']:.0f} ns/event (bare send {r['sse_cold_bare_ns_per_send']:.0f} ns)")
+    if args.opcodes:
+        print(f"SSE path, bytecodes: the adapter adds {r['sse_opcodes_per_event']:.1f} per event (the bare app runs "
+              f"{r['sse_bare_opcodes_per_event']:.1f}); by function:")
+        for name, count in list(r["sse_opcodes_by_function"].items())[:8]:
+            print(f"  {count:7.1f}  {name}")
     if args.gc:
         for case in ("bare_bypass", "bypass", "bare_sse", "sse"):
             g = {key: r[f"gc_{case}_{key}"] for key in ("gen0", "gen1", "gen2", "gc_us", "tracked_left_per_request",

@@ -21,7 +21,7 @@ class StreamLog:
     """Append-only frames with a moving base index; bounded by event count and bytes (oldest dropped first)."""
 
     __slots__ = ("frames", "base", "next_index", "nbytes", "appended", "closed", "reason", "max_events", "max_bytes",
-                 "_listeners")
+                 "listeners")
 
     def __init__(self, *, max_events: int = 100_000, max_bytes: int = 8 << 20) -> None:
         self.frames: list[bytes] = []
@@ -38,7 +38,9 @@ class StreamLog:
         self.reason: str | None = None
         self.max_events = max_events
         self.max_bytes = max_bytes
-        self._listeners: list[Callable[[], None]] = []
+        self.listeners: list[Callable[[], None]] = []
+        """Wake callbacks, called on every append and at the close (``listen``). Public because the direct write
+        (``Connection.write_direct``) appends inline when its own source is the only one."""
 
     def append(self, frame: bytes) -> None:
         self.frames.append(frame)
@@ -47,8 +49,8 @@ class StreamLog:
         self.nbytes += size
         self.appended += size
         if self.next_index - self.base > self.max_events or self.nbytes > self.max_bytes:
-            self._trim()
-        for wake in self._listeners:
+            self.trim()
+        for wake in self.listeners:
             wake()
 
     def close(self, reason: str) -> None:
@@ -56,7 +58,7 @@ class StreamLog:
             return
         self.closed = True
         self.reason = reason
-        for wake in self._listeners:
+        for wake in self.listeners:
             wake()
 
     def take(self, cursor: int) -> list[bytes]:
@@ -87,15 +89,16 @@ class StreamLog:
         return freed
 
     def listen(self, wake: Callable[[], None]) -> None:
-        self._listeners.append(wake)
+        self.listeners.append(wake)
 
     def unlisten(self, wake: Callable[[], None]) -> None:
         try:
-            self._listeners.remove(wake)
+            self.listeners.remove(wake)
         except ValueError:
             pass
 
-    def _trim(self) -> None:
+    def trim(self) -> None:
+        """Back under ``max_events`` and ``max_bytes`` (``append`` calls it when either is passed)."""
         # Drop about an eighth at a time so trimming is amortised O(1) per append.
         frames = self.frames
         target_events = self.max_events - self.max_events // 8

@@ -1,3 +1,4 @@
+# long: its own task and the app's direct write (write_direct) share one connection state (cursor, busy, the cut)
 """Writing one stream to one client connection.
 
 Fast path: while the client keeps up, the producer (the app's own task) writes each new event straight to the
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from bisect import bisect_left
 from collections.abc import Callable, Coroutine
 from enum import IntEnum
 from typing import Any
@@ -26,9 +28,14 @@ from eloquent_plugins.transports.asgi import Send
 from eloquent_plugins.transports.metrics import StreamMetrics
 from eloquent_plugins.transports.resume.base import ReplaySource
 from eloquent_plugins.transports.resume.local import LocalSource
+from eloquent_plugins.transports.resume.log import StreamLog
+from eloquent_plugins.transports.sse.producer import ID_ENDS, Producer
 from eloquent_plugins.transports.sse.socket_control import STALLED_SEND_BYTES, SocketControl
 
 Merge = Callable[[list[bytes]], tuple[list[bytes], int]]
+
+MAX_LAG_EVENTS = 1024
+"""A connected client this many events behind makes the app's ``send`` wait (bounded memory per stream)."""
 
 
 class ConnState(IntEnum):
@@ -43,6 +50,9 @@ class ConnState(IntEnum):
     """More than ``max_queued`` bytes waited for the client (or the memory budget needed them): it was cut."""
 
 
+_DATA = b"data: "
+_join = b"".join
+_bisect = bisect_left
 _OPEN = ConnState.OPEN  # read per event: a global, not an Enum attribute lookup
 _CUT = ConnState.TIMED_OUT
 
@@ -51,8 +61,11 @@ class Connection:
     def __init__(self, send: Send, source: ReplaySource, cursor: int, *, policy: KeepAlivePolicy,
                  send_timeout: float, metrics: StreamMetrics, merge: Merge | None = None, coalesce: bool = True,
                  renew_lease: Callable[[], Coroutine[Any, Any, None]] | None = None, lease_every: float = 1.0,
-                 max_queued: int = 0, socket: SocketControl | None = None) -> None:
+                 max_queued: int = 0, socket: SocketControl | None = None, producer: Producer | None = None) -> None:
         self.send = send
+        self.producer = producer
+        """The stream's producer when the app's task writes through this connection (``write_direct``); None for
+        a resume connection."""
         self.socket = socket
         """The client's connection when the server lets us reach it (``socket_control``): a cut aborts it."""
         self.source = source
@@ -85,7 +98,7 @@ class Connection:
         """The producer's task while it is inside a direct ``send`` (a cut cancels it there)."""
         self._producer_task: asyncio.Task[Any] | None = None
         self._local_log = source.log if isinstance(source, LocalSource) else None
-        """The log the producer writes directly from (``write_direct``); None for a remote source."""
+        """The log ``write_direct`` appends to and writes from; None for a remote source."""
         intervals = [x for x in (policy.interval if policy.enabled else 0.0, send_timeout) if x > 0]
         self._tick_every = min(1.0, min(intervals) / 4) if intervals else 1.0
         if renew_lease is not None:
@@ -155,48 +168,83 @@ class Connection:
         self._end(ConnState.GONE)
         self._wakeup()
 
-    async def write_direct(self, feed: Callable[[bytes], None], body: bytes) -> bool:
-        """The producer's fast path: ``feed(body)`` appends the app's chunk to the local log; when this connection
-        is idle and caught up, what it appended is written here, in the producer's own task (no task switch per
-        event), and the result is True. False: appended only, the connection's task writes it.
+    async def write_direct(self, body: bytes) -> None:
+        """One body chunk of the app's stream, in the app's task (``Exchange.app_send`` hands this coroutine back
+        as its ``send``): the producer logs it, and when this connection is idle and caught up it is written here,
+        with no task switch per event; otherwise the connection's task writes it, and the app waits while its
+        client is more than ``MAX_LAG_EVENTS`` behind (or the client is cut, past ``max_queued``).
 
-        Per event, so kept lean: one coroutine for the check, the append and the write (each call on this path
-        is code and data the caches have lost since the stream's previous event on a busy server); the
-        producer's task is looked up once per connection (an ASGI app sends one response body from one task;
-        ``asyncio.current_task`` is slow in Python 3.11), and the clock is read once."""
-        log = self._local_log
-        if (log is None or self._wake is None or self.busy or self.state is not _OPEN
-                or self.cursor != log.next_index):
-            feed(body)
-            return False
-        self.busy = True
-        source: LocalSource = self.source  # type: ignore[assignment]
-        source.held = True  # the append must not wake this connection's task: the write happens here
-        try:
-            feed(body)
-        except BaseException:
-            source.held = False
-            self.busy = False
-            self._wakeup()  # whatever was appended before the failure goes out from the connection's task
-            raise
-        source.held = False
-        cursor = self.cursor
-        end = log.next_index
-        if end <= cursor:
-            self.busy = False
-            if self._parked_busy:
-                self._wakeup()
-            return True
-        if end - cursor == 1:
-            body = log.frames[-1]
-        else:
-            start = cursor - log.base
-            if start < 0:  # trimmed before it was written (a tiny max_stream_events): cut, a resume gets a 410
+        Per event, so it is the only coroutine of ours on the path and calls nothing it can do inline. The common
+        case (a plain producer, a one-``data:``-line chunk, this connection the log's only listener) is
+        ``Producer._event``, ``StreamLog.append`` and ``Histogram.observe`` written out here (``bench_cost
+        --opcodes`` counts what is left per event): on a busy server each call is code and
+        data the caches lost since the stream's previous event (issue 16; ``tests/test_sse_producer.py`` holds
+        it to the general path's frames and figures). The producer's task is looked up once per connection (an
+        ASGI app sends one response body from one task; ``asyncio.current_task`` is slow in Python 3.11)."""
+        producer: Producer = self.producer  # type: ignore[assignment]  # set for every connection that gets here
+        log: StreamLog = self._local_log  # type: ignore[assignment]
+        caught_up = (self._wake is not None and not self.busy and self.state is _OPEN
+                     and self.cursor == log.next_index)
+        if (caught_up and producer.plain and producer.clean and len(log.listeners) == 1 and body.startswith(_DATA)
+                and body.find(10) == len(body) - 2 and body[-1] == 10 and 13 not in body):  # one_data_line
+            index = log.next_index
+            end = index + 1
+            frame = _join((producer.id_prefix, ID_ENDS[index] if index < 4096 else b"%d\n" % index, body))  # id_end
+            size = len(frame)
+            log.frames.append(frame)
+            log.next_index = end
+            log.nbytes += size
+            log.appended += size
+            if end - log.base > log.max_events or log.nbytes > log.max_bytes:
+                log.trim()
+            now = producer.clock()
+            gap = now - producer.last
+            gaps = producer.gaps  # Histogram.observe, inline
+            gaps.counts[_bisect(gaps.bounds, gap)] += 1
+            gaps.sum += gap
+            if gap > producer.max_gap:
+                producer.max_gap = gap
+            producer.last = now
+            producer.metrics.events += 1
+            self.busy = True
+        elif caught_up:
+            self.busy = True
+            source: LocalSource = self.source  # type: ignore[assignment]
+            source.held = True  # the append must not wake this connection's task: the write happens here
+            try:
+                producer.feed(body)
+            except BaseException:
+                source.held = False
                 self.busy = False
-                self._cut(ConnState.OVERFLOWED)
-                return True
-            body = b"".join(log.frames[start:])
-        size = len(body)
+                self._wakeup()  # whatever was appended before the failure goes out from the connection's task
+                raise
+            source.held = False
+            cursor = self.cursor
+            end = log.next_index
+            if end <= cursor:
+                self.busy = False
+                if self._parked_busy:
+                    self._wakeup()
+                return
+            if end - cursor == 1:
+                frame = log.frames[-1]
+            else:
+                start = cursor - log.base
+                if start < 0:  # trimmed before it was written (a tiny max_stream_events): cut, a resume gets a 410
+                    self.busy = False
+                    self._cut(ConnState.OVERFLOWED)
+                    return
+                frame = b"".join(log.frames[start:])
+            size = len(frame)
+        else:
+            producer.feed(body)
+            if self.state is _OPEN:
+                if self.max_queued and log.appended - self.offset > self.max_queued:
+                    self.overflow()  # a client that does not read: cut it (it may resume)
+                elif log.next_index - self.cursor > MAX_LAG_EVENTS:
+                    while log.next_index - self.cursor > MAX_LAG_EVENTS // 2 and self.state is _OPEN:
+                        await asyncio.sleep(0.005)
+            return
         self.cursor = end
         self.offset += size
         self._sending_since = now = self._loop.time()
@@ -205,7 +253,7 @@ class Connection:
             task = self._producer_task = asyncio.current_task(self._loop)
         self._direct_task = task
         try:
-            await self.send({"type": "http.response.body", "body": body, "more_body": True})
+            await self.send({"type": "http.response.body", "body": frame, "more_body": True})
         except asyncio.CancelledError:
             if self.state < ConnState.TIMED_OUT or self._direct_task is None:
                 raise
@@ -224,7 +272,6 @@ class Connection:
         if (self.state is not _OPEN or self._keepalive_due or self._parked_busy or log.closed
                 or end < log.next_index):
             self._wakeup()
-        return True
 
     def _idle_timer(self) -> KeepAliveTimer:
         """The keep-alive timer, told of the last write."""

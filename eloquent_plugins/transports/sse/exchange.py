@@ -21,7 +21,7 @@ from eloquent_plugins.transports.metrics import transport_label
 from eloquent_plugins.transports.resume.base import StreamMeta
 from eloquent_plugins.transports.resume.local import LocalSource
 from eloquent_plugins.transports.resume.log import StreamLog
-from eloquent_plugins.transports.sse.connection import Connection
+from eloquent_plugins.transports.sse.connection import MAX_LAG_EVENTS, Connection
 from eloquent_plugins.transports.sse.headers import is_event_stream, json_error, respond, stream_headers
 from eloquent_plugins.transports.sse.ids import identity_hash, new_stream_id, new_token
 from eloquent_plugins.transports.sse.limits import Slot
@@ -31,14 +31,12 @@ from eloquent_plugins.transports.sse.socket_control import socket_control
 from eloquent_plugins.transports.telemetry import StreamSpan
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable
 
     from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 
 log = logging.getLogger("eloquent_plugins.transports.sse")
 
-MAX_LAG_EVENTS = 1024
-"""A connected client this many events behind makes the app's ``send`` wait (bounded memory per stream)."""
 _PRIVATE_LOG_EVENTS = 4 * MAX_LAG_EVENTS
 STORE_DOUBT = 60.0
 """Seconds the producer keeps generating while the store cannot say whether anyone reads the stream elsewhere
@@ -62,7 +60,7 @@ _SSE, _PASS = Mode.SSE, Mode.PASS  # ``app_send`` runs per event: a global read,
 
 
 class Exchange:
-    __slots__ = ("mw", "scope", "send", "relay", "mode", "started", "log", "producer", "feed", "conn", "token",
+    __slots__ = ("mw", "scope", "send", "relay", "mode", "started", "log", "producer", "conn", "token",
                  "hooks", "info", "abandon", "span", "slot", "local_readers", "seen_at", "cut_at", "watched_until")
 
     def __init__(self, mw: EloquentMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
@@ -74,8 +72,6 @@ class Exchange:
         self.started = time.monotonic()
         self.log: StreamLog | None = None
         self.producer: Producer | None = None
-        self.feed: Callable[[bytes], None] | None = None
-        """``producer.feed``, bound once (the direct write calls it per event)."""
         self.conn: Connection | None = None
         self.token: str | None = None
         self.hooks: StreamHooks | None = None
@@ -115,33 +111,32 @@ class Exchange:
                 self._release_slot()
                 self.relay.forget()
 
-    async def app_send(self, message: Message) -> None:
+    def app_send(self, message: Message) -> Awaitable[None]:
+        """The app's ``send``. A plain function, because it runs per event: a streamed body chunk gets the
+        connection's ``write_direct`` coroutine back (the only coroutine of ours per event), a pass-through
+        message the server's own ``send``; the rest is ``_app_send``."""
+        mode = self.mode
+        if mode is _SSE:
+            conn = self.conn
+            if conn is not None and message["type"] == "http.response.body" and message.get("more_body", False):
+                body = message.get("body", b"")
+                if body:
+                    return conn.write_direct(body)
+        elif mode is _PASS:
+            return self.send(message)
+        return self._app_send(message)
+
+    async def _app_send(self, message: Message) -> None:
         mode = self.mode
         if mode is _SSE:
             if message["type"] == "http.response.body":
                 producer = self.producer
                 assert producer is not None
                 body = message.get("body", b"")
-                more = message.get("more_body", False)
                 if body:
-                    conn = self.conn
-                    if conn is None:
-                        producer.feed(body)
-                    elif await conn.write_direct(self.feed, body) and more:  # type: ignore[arg-type]  # set with conn
-                        return  # the client got it and is caught up: no backlog to check
-                if not more:
+                    producer.feed(body)
+                if not message.get("more_body", False):
                     producer.close("complete")
-                else:
-                    conn = self.conn
-                    if conn is not None and not conn.gone:
-                        stream_log = producer.log
-                        if conn.max_queued and stream_log.appended - conn.offset > conn.max_queued:
-                            conn.overflow()  # a client that does not read: cut it (it may resume)
-                        elif stream_log.next_index - conn.cursor > MAX_LAG_EVENTS:
-                            await self._backpressure(conn, stream_log)
-            return
-        if mode is _PASS:
-            await self.send(message)
             return
         if mode is Mode.REFUSED:
             return  # the 429 went out; the app is being told the client left
@@ -204,7 +199,6 @@ class Exchange:
             mw.exchanges[token] = self
         self.producer = Producer(stream_log, token=token, hooks=self.hooks, codec=codec, metrics=metrics,
                                  started=self.started)
-        self.feed = self.producer.feed
         metrics.start(transport)
         metrics.active_streams += 1
         metrics.active_connections += 1
@@ -219,7 +213,7 @@ class Exchange:
         self.conn = Connection(self.send, LocalSource(meta, stream_log), 0, policy=mw.policy,
                                send_timeout=mw.config.send_timeout, metrics=metrics, merge=mw.merge_for(codec),
                                coalesce=mw.config.coalesce, max_queued=mw.config.max_queued_bytes,
-                               socket=socket_control(scope))
+                               socket=socket_control(scope), producer=self.producer)
         mw.budget.add_reader(stream_log, self.conn)
         task = self.conn.start()
         task.add_done_callback(self._connection_done)
@@ -336,10 +330,6 @@ class Exchange:
             self.abandon.cancel()
         self.relay.release()  # the app sees its client gone: the engine request is aborted
         return True
-
-    async def _backpressure(self, conn: Connection, stream_log: StreamLog) -> None:
-        while stream_log.next_index - conn.cursor > MAX_LAG_EVENTS // 2 and not conn.gone:
-            await asyncio.sleep(0.005)
 
     async def _finish(self) -> None:
         mw, producer, conn = self.mw, self.producer, self.conn

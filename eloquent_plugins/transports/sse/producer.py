@@ -3,7 +3,8 @@
 The common case (one ``data: ...\\n\\n`` event per body chunk, as vLLM and Starlette apps write) is handled by a
 few C-level byte checks; anything else (several events per chunk, split events, ``event:`` fields, CRLF) goes
 through the full incremental parser. Comments from the app are dropped: the middleware sends its own
-keep-alives.
+keep-alives. While a client is caught up, ``Connection.write_direct`` logs the common case itself, inline (see
+``Producer.plain``): the per-event path is then one coroutine.
 """
 
 from __future__ import annotations
@@ -23,81 +24,74 @@ from eloquent_plugins.transports.resume.log import StreamLog
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+_join = b"".join
 _DATA = b"data: "
 _BLANK_ENDINGS = (b"\n\n", b"\r\n\r\n", b"\r\r")
-_ID_ENDS = tuple(b"%d\n" % index for index in range(4096))
+ID_ENDS = tuple(b"%d\n" % index for index in range(4096))
 """The end of event n's id line (``n\\n``) for the first 4096 events (~180 KiB per process, built once): a frame
 is then one ``join`` of three bytes objects, 0.1 us less per event than formatting the integer."""
-_ID_ENDS_COUNT = len(_ID_ENDS)
-_join = b"".join
 
 
-def _id_end(index: int) -> bytes:
-    return _ID_ENDS[index] if index < _ID_ENDS_COUNT else b"%d\n" % index
+def id_end(index: int) -> bytes:
+    return ID_ENDS[index] if index < 4096 else b"%d\n" % index
+
+
+def one_data_line(body: bytes) -> bool:
+    """``body`` is one ``data:`` line and its blank line, LF only (int arguments: no bytes objects built per call).
+    ``Connection.write_direct`` has the same test inline."""
+    return body.startswith(_DATA) and body.find(10) == len(body) - 2 and body[-1] == 10 and 13 not in body
 
 
 class Producer:
-    __slots__ = ("log", "hooks", "codec", "metrics", "_id_prefix", "_index", "_parser", "_clean", "_first",
-                 "_last", "_started", "_observe", "_clock", "_id", "_plain", "_gap", "max_gap")
+    __slots__ = ("log", "hooks", "codec", "metrics", "id_prefix", "_parser", "clean", "_first", "last", "_started",
+                 "_observe", "clock", "_id", "plain", "gaps", "max_gap")
 
     def __init__(self, log: StreamLog, *, token: str | None, hooks: StreamHooks, codec: Codec,
                  metrics: StreamMetrics, started: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.log = log
+        """A new, empty log: event n of the stream is the log's index n (``log.next_index`` is the next id)."""
         self.hooks = hooks
         self.codec = codec
         self.metrics = metrics
         self._id = token is not None
-        # Event n's id line is this prefix + n: ``format_event_id`` with the index cut off, so the hot path only
-        # formats an integer.
-        self._id_prefix = b"id: " + format_event_id(token, 0).encode()[:-1] if token is not None else b""
-        self._index = 0
+        self.id_prefix = b"id: " + format_event_id(token, 0).encode()[:-1] if token is not None else b""
+        """Event n's id line is this prefix + ``id_end(n)``: ``format_event_id`` with the index cut off."""
         self._parser: SSEParser | None = None
-        self._clean = True
+        self.clean = True
+        """The app's body so far ended on an event boundary (no partial event in the parser)."""
         self._first: float | None = None
-        self._last = 0.0
+        self.last = 0.0
+        """``clock()`` at the latest event."""
         self._started = started
         self._observe = hooks.active
-        self._plain = False
-        """Set from the second event on when no plugin sees events and the stream has ids: ``feed`` then logs a
-        ``data:`` chunk inline (``_event``'s common case without its branches)."""
-        self._gap = metrics.gap.observe
-        self._clock = clock
+        self.plain = False
+        """Set from the second event on when no plugin sees events and the stream has ids. Then
+        ``Connection.write_direct`` logs a one-line ``data:`` chunk for a caught-up client itself, inline
+        (``_event``'s common case without its branches): it reads and updates ``last``, ``max_gap``, ``gaps``
+        and the metrics here, which are public for that reason."""
+        self.gaps = metrics.gap
+        """The gaps between events (``StreamMetrics.gap``)."""
+        self.clock = clock
         self.max_gap = 0.0
         """The largest gap between two events so far (seconds): the stream's worst stall at the source."""
 
     @property
     def events(self) -> int:
-        return self._index
+        return self.log.next_index
 
     def figures(self) -> dict[str, Any]:
         """What the stream's span records at its end: events, time to first event, largest and mean gap."""
-        first = self._first
-        return {"events": self._index, "ttft": None if first is None else first - self._started,
+        first, events = self._first, self.log.next_index
+        return {"events": events, "ttft": None if first is None else first - self._started,
                 "max_gap": self.max_gap,
-                "tpot": (self._last - first) / (self._index - 1) if first is not None and self._index > 1 else None}
+                "tpot": (self.last - first) / (events - 1) if first is not None and events > 1 else None}
 
     def feed(self, body: bytes) -> None:
         """One body chunk from the app."""
-        # The common case, one ``data:`` line and its blank line (int arguments: no bytes objects built per call).
-        if (self._clean and body.startswith(_DATA) and body.find(10) == len(body) - 2 and body[-1] == 10
-                and 13 not in body):
-            if not self._plain:
-                self._event(None, None, body)
-                return
-            # ``_event`` for this case, inline (runs per token).
-            index = self._index
-            self._index = index + 1
-            frame = _join((self._id_prefix, _ID_ENDS[index] if index < _ID_ENDS_COUNT else b"%d\n" % index, body))
-            now = self._clock()
-            gap = now - self._last
-            self._gap(gap)
-            if gap > self.max_gap:
-                self.max_gap = gap
-            self._last = now
-            self.metrics.events += 1
-            self.log.append(frame)
+        if self.clean and one_data_line(body):
+            self._event(None, None, body)
             return
-        if self._clean and body.startswith(b":") and body.endswith(b"\n\n") and body.count(b"\n") == 2:
+        if self.clean and body.startswith(b":") and body.endswith(b"\n\n") and body.count(b"\n") == 2:
             return  # the app's own keep-alive comment
         parser = self._parser
         if parser is None:
@@ -106,13 +100,12 @@ class Producer:
             event = message.event if message.event != "message" else None
             frame = format_event(message.data, event=event, retry=message.retry) if message.retry is not None else None
             self._event(message.data.encode(), event, frame)
-        self._clean = body.endswith(_BLANK_ENDINGS)
+        self.clean = body.endswith(_BLANK_ENDINGS)
 
     def _event(self, payload: bytes | None, event: str | None, frame: bytes | None) -> None:
         """Log one event. ``payload`` None: ``frame`` is one ``data: PAYLOAD\\n\\n`` line, sliced only if a plugin
         wants the payload (per event: the common case builds nothing but the id line)."""
-        index = self._index
-        self._index = index + 1
+        index = self.log.next_index
         if self._observe:
             if payload is None:
                 payload = frame[6:-2]  # type: ignore[index]
@@ -122,18 +115,18 @@ class Producer:
         if frame is None:
             frame = format_event(payload, event=event)  # type: ignore[arg-type]
         if self._id:
-            frame = _join((self._id_prefix, _id_end(index), frame))
-        now = self._clock()
+            frame = _join((self.id_prefix, id_end(index), frame))
+        now = self.clock()
         if self._first is None:
             self._first = now
             self.metrics.ttft.observe(now - self._started)
-            self._plain = self._id and not self._observe
+            self.plain = self._id and not self._observe
         else:
-            gap = now - self._last
-            self._gap(gap)
+            gap = now - self.last
+            self.gaps.observe(gap)
             if gap > self.max_gap:
                 self.max_gap = gap
-        self._last = now
+        self.last = now
         self.metrics.events += 1
         self.log.append(frame)
 
@@ -151,6 +144,7 @@ class Producer:
     def close(self, reason: str) -> None:
         if self.log.closed:
             return
-        if self._first is not None and self._index > 1:
-            self.metrics.tpot.observe((self._last - self._first) / (self._index - 1))
+        events = self.log.next_index
+        if self._first is not None and events > 1:
+            self.metrics.tpot.observe((self.last - self._first) / (events - 1))
         self.log.close(reason)
