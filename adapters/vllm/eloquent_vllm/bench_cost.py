@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import collections
 import gc
+import importlib.util
 import statistics
 import sys
 import time
@@ -274,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--opcodes", action="store_true",
                         help="also count the Python bytecodes the stack adds per event on the SSE path, by function")
     args = parser.parse_args(argv)
+    if args.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        parser.error("--loop uvloop needs the uvloop package (vLLM's venv has it: run this with its python)")
     r = run(measure(args.messages, args.requests, args.repeat, with_gc=args.gc, cold_kib=args.cold,
                     opcodes=args.opcodes), args.loop)
     print(f"bypass ({args.messages} events/request): bare {r['bypass_bare_us_per_request']:.1f} us/request, "
