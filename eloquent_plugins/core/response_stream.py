@@ -19,7 +19,7 @@ from eloquent_plugins.core.codecs.openai import OpenAICodec
 from eloquent_plugins.core.errors import LimitExceeded
 from eloquent_plugins.core.events import EventKind, StreamEvent
 from eloquent_plugins.core.sender import EloquentSender, SenderConfig
-from eloquent_plugins.core.sse_reader import SSEParser
+from eloquent_plugins.core.sse_reader import SSEParser, one_data_line
 from eloquent_plugins.core.wire import AckPacket, decode_packet
 from eloquent_plugins.core.control import StreamDigest, Trailer, encode_fallback, encode_trailer
 
@@ -85,8 +85,7 @@ class EloquentResponseStream:
         # The common chunk, one ASCII ``data:`` line and its blank line (an engine's token): its payload is the
         # line's bytes; the parser would decode them, build a message and encode them again (render latency:
         # this runs before the token's packet leaves, docs/results/e2e-vs-sim.md).
-        if (parser.idle and chunk.startswith(b"data: ") and chunk.find(10) == len(chunk) - 2 and chunk[-1] == 10
-                and 13 not in chunk and chunk.isascii()):
+        if parser.idle and one_data_line(chunk) and chunk.isascii():
             payload = chunk[6:-2]
             if transform is not None:
                 payload = transform(self.sender.next_index, payload)

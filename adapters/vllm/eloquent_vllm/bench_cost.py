@@ -136,7 +136,7 @@ async def _check_through_middleware(wrapped: ASGIApp, outer: Any, messages: int)
         raise RuntimeError(f"the SSE measure did not go through the middleware: {body[:200]!r}")
 
 
-async def opcodes_per_event(asgi: ASGIApp, outer: Any, *, requests: int, case: str) -> collections.Counter[str]:
+async def opcode_counts(asgi: ASGIApp, outer: Any, *, requests: int, case: str) -> collections.Counter[str]:
     """Bytecodes executed over ``requests`` requests of ``case``, by ``folder/file.py:function``."""
     counts: collections.Counter[str] = collections.Counter()
 
@@ -226,8 +226,8 @@ async def measure(messages: int = 256, requests: int = 2000, repeat: int = 7, *,
     if opcodes:
         for _ in range(3):  # first requests of a path import and build what later ones reuse
             await cpu_per_request_us(wrapped, outer, bypass=False, requests=1, case="sse")
-        bare_ops = await opcodes_per_event(bare_app, outer, requests=4, case="sse")
-        added = await opcodes_per_event(wrapped, outer, requests=4, case="sse")
+        bare_ops = await opcode_counts(bare_app, outer, requests=4, case="sse")
+        added = await opcode_counts(wrapped, outer, requests=4, case="sse")
         added.subtract(bare_ops)
         per = 1 / (4 * messages)
         out["sse_bare_opcodes_per_event"] = sum(bare_ops.values()) * per

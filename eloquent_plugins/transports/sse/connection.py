@@ -186,7 +186,7 @@ class Connection:
         caught_up = (self._wake is not None and not self.busy and self.state is _OPEN
                      and self.cursor == log.next_index)
         if (caught_up and producer.plain and producer.clean and len(log.listeners) == 1 and body.startswith(_DATA)
-                and body.find(10) == len(body) - 2 and body[-1] == 10 and 13 not in body):  # one_data_line
+                and body.find(10) == len(body) - 2 and body[-1] == 10 and 13 not in body):  # sse_reader.one_data_line
             index = log.next_index
             end = index + 1
             frame = _join((producer.id_prefix, ID_ENDS[index] if index < 4096 else b"%d\n" % index, body))  # id_end

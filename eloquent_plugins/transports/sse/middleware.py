@@ -44,7 +44,8 @@ from eloquent_plugins.transports.resume import create_store
 from eloquent_plugins.transports.resume.hooks import plugin_store_factories
 from eloquent_plugins.transports.resume.base import ResumeStore
 from eloquent_plugins.transports.sse.budget import StreamBudget
-from eloquent_plugins.transports.sse.exchange import MAX_LAG_EVENTS, Exchange
+from eloquent_plugins.transports.sse.connection import MAX_LAG_EVENTS
+from eloquent_plugins.transports.sse.exchange import Exchange
 from eloquent_plugins.transports.sse.headers import respond
 from eloquent_plugins.transports.sse.ids import RESUME_QUERY_KEY, IdentityFunction, resume_request
 from eloquent_plugins.transports.sse.limits import ClientLimits

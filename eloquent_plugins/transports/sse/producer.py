@@ -18,14 +18,13 @@ from eloquent_plugins.transports.metrics import StreamMetrics
 from eloquent_plugins.core.hooks.manager import StreamHooks
 from eloquent_plugins.core.protocol import format_event_id
 from eloquent_plugins.core.sse_writer import format_event
-from eloquent_plugins.core.sse_reader import SSEParser
+from eloquent_plugins.core.sse_reader import SSEParser, one_data_line
 from eloquent_plugins.transports.resume.log import StreamLog
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 _join = b"".join
-_DATA = b"data: "
 _BLANK_ENDINGS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 ID_ENDS = tuple(b"%d\n" % index for index in range(4096))
 """The end of event n's id line (``n\\n``) for the first 4096 events (~180 KiB per process, built once): a frame
@@ -34,12 +33,6 @@ is then one ``join`` of three bytes objects, 0.1 us less per event than formatti
 
 def id_end(index: int) -> bytes:
     return ID_ENDS[index] if index < 4096 else b"%d\n" % index
-
-
-def one_data_line(body: bytes) -> bool:
-    """``body`` is one ``data:`` line and its blank line, LF only (int arguments: no bytes objects built per call).
-    ``Connection.write_direct`` has the same test inline."""
-    return body.startswith(_DATA) and body.find(10) == len(body) - 2 and body[-1] == 10 and 13 not in body
 
 
 class Producer:
