@@ -6,10 +6,12 @@ call it through ``asyncio.to_thread`` so the loop keeps serving while the page r
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -137,7 +139,9 @@ class Chromium:
                 "--no-default-browser-check", "--disable-background-networking", "--disable-component-update",
                 "--disable-sync", "--disable-dev-shm-usage", f"--user-data-dir={profile}",
                 "--remote-debugging-port=0", *self.extra_args, "about:blank"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Its own process group (the caller's session, see docs/results/vllm.md on autogroups): the renderer,
+        # utility and crashpad processes it starts are stopped with it at the exit.
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
         deadline = time.monotonic() + 30
         marker = profile / "DevToolsActivePort"
         while not marker.exists() or not marker.read_text().strip():
@@ -162,12 +166,24 @@ class Chromium:
                 page.close()
             except Exception:  # noqa: BLE001 - closing anyway
                 pass
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(5)
+            # The browser's children can outlive it for a moment and still write to the profile: removing it
+            # then failed with "Directory not empty" (a CI run). Stop them first.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
         if self._profile is not None:
-            self._profile.cleanup()
+            for attempt in range(20):  # a killed child's last write may still land while we remove
+                try:
+                    self._profile.cleanup()
+                    break
+                except OSError:
+                    if attempt == 19:
+                        raise
+                    time.sleep(0.1)
