@@ -1,5 +1,7 @@
 """Resume on the HTTP/3 paths: 100 streams over Eloquent datagrams, each through its own ``eloquent relay`` with a
-random mid-stream outage longer than the client's ``stream_idle_timeout``; for half of them UDP never comes back.
+mid-stream outage longer than the client's ``stream_idle_timeout``; for half of them UDP never comes back. The
+outage starts when the client has its first token (``Relay.cut``), so it lands mid-stream however busy the box is:
+the engine still has ``TOKENS - 1`` paced tokens (about 2 s) to send.
 Two ``eloquent serve`` replicas share a redis-server resume store, and every continuation lands on the *other*
 replica: new QUIC connections through the relay go there (a load balancer's choice after the cut), and so does TCP.
 Every text must equal the uncut stream's, each event once."""
@@ -16,14 +18,13 @@ import httpx
 import pytest
 from eloquent_client import EloquentClient, PathMemory
 
-from eloquent_plugins.sim.netem import Outage
 from eloquent_plugins.sim.udp_relay import RelayConfig, start_relay
 from tests.support.client_servers import CHAT, Served, chat_body, eloquent_serve
 from tests.support.servers import redis_server
 
 STREAMS = 100
 CONCURRENCY = 20
-TOKENS = 50
+TOKENS = 100
 STREAM_IDLE = 0.4
 """The client's stream-idle timeout; every outage is longer."""
 
@@ -45,10 +46,9 @@ def metric(served: Served, name: str) -> float:
 async def one_stream(i: int, home: Served, other: Served, expected: str, rng: random.Random,
                      gate: asyncio.Semaphore) -> dict[str, object]:
     never = i % 2 == 1
-    start = rng.uniform(0.5, 0.9)  # the stream lasts about 1.1 s: the head and some tokens are in by then
-    outage = Outage(start, 1e6 if never else rng.uniform(STREAM_IDLE + 0.1, STREAM_IDLE + 0.5))
+    outage = 1e6 if never else rng.uniform(STREAM_IDLE + 0.1, STREAM_IDLE + 0.5)
     async with gate:
-        relay = await start_relay(RelayConfig(target=("127.0.0.1", home.udp_port), outages=(outage,), seed=i))
+        relay = await start_relay(RelayConfig(target=("127.0.0.1", home.udp_port), seed=i))
         try:
             async with EloquentClient(other.http, verify=False, h3_port=relay.listen_addr[1], path_memory=PathMemory(),
                                       stream_idle_timeout=STREAM_IDLE, h3_probe_timeout=0.5, timeout=30) as client:
@@ -59,6 +59,8 @@ async def one_stream(i: int, home: Served, other: Served, expected: str, rng: ra
                     indices = []
                     parts = []
                     async for event in s.events():
+                        if not indices:
+                            relay.cut(outage)
                         indices.append(event.index)
                         parts.append(event.text or "")
                     return {"text": "".join(parts), "ok": "".join(parts) == expected,
@@ -75,19 +77,21 @@ async def test_hundred_streams_cut_mid_stream_resume_on_the_other_replica(replic
     gate = asyncio.Semaphore(CONCURRENCY)
     results = await asyncio.wait_for(asyncio.gather(*(
         one_stream(i, replicas[i % 2], replicas[1 - i % 2], expected[i % 10], rng, gate) for i in range(STREAMS))),
-        timeout=80)
+        timeout=180)
     bad = [(i, r) for i, r in enumerate(results) if not (r["ok"] and r["once"])]
     assert not bad, bad[:3]
-    cut = [r for r in results if r["deliveries"][0] == "datagram" and r["resumes"]]
-    # Streams whose handshake itself fell into the outage started over TCP; nearly all were cut mid-stream.
-    assert len(cut) >= 0.8 * STREAMS, [r["deliveries"] for r in results]
+    paths: dict[str, int] = {}
+    for r in results:
+        key = " > ".join(r["deliveries"]) + ("" if r["resumes"] else " (no resume)")  # type: ignore[arg-type]
+        paths[key] = paths.get(key, 0) + 1
+    began = [r for r in results if r["deliveries"][0] == "datagram"]
+    cut = [r for r in began if r["resumes"]]
+    # Every stream that began on datagrams was cut after its first token and resumed. (Under ``auto`` a head that
+    # a loaded box sends later than ``stream_idle_timeout`` makes a stream begin on SSE instead: fewer, not wrong.)
+    assert len(cut) == len(began) >= STREAMS // 5, paths
     assert any(r["deliveries"][1] == "datagram" for r in cut if not r["never"])  # over a new QUIC connection
     assert all(r["deliveries"][-1] == "sse" for r in cut if r["never"])  # UDP gone: over SSE
     resumes = sum(metric(r, "eloquent_sse_resumes_total") for r in replicas) - resumes_before
-    paths: dict[str, int] = {}
-    for r in results:
-        key = " > ".join(r["deliveries"])  # type: ignore[arg-type]
-        paths[key] = paths.get(key, 0) + 1
     print(f"{len(cut)} of {STREAMS} cut mid-stream and resumed; paths {paths}; server-side resumes {resumes:g}")
     assert resumes >= len(cut)
     stats = [httpx.get(r.http + "/v1/engine/stats", timeout=30).json() for r in replicas]

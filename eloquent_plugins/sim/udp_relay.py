@@ -253,6 +253,17 @@ class Relay(asyncio.DatagramProtocol):
     def elapsed(self) -> float:
         return self._loop.time() - self._start
 
+    def cut(self, duration: float) -> None:
+        """Drop everything both ways from now for ``duration`` seconds, for every client now and later.
+
+        Tests call it once a stream is under way, so an outage lands mid-stream however slow the machine is,
+        instead of at a time fixed before the handshake."""
+        outage = Outage(self.elapsed(), duration)
+        self.config = dataclasses.replace(self.config, outages=self.config.outages + (outage,))
+        for client in self._clients.values():
+            for model in (client.up, client.down):
+                model.config = dataclasses.replace(model.config, outages=model.config.outages + (outage,))
+
     def client_index(self, upstream: tuple[str, int]) -> int | None:
         """Which client (in order of first contact) the server sees at ``upstream`` (its relayed address)."""
         for client in self._clients.values():
