@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
 
 import httpx
 
@@ -174,10 +173,6 @@ def sse_bytes(event: ClientEvent) -> bytes:
         lines.append(f"event: {event.event}")
     lines.extend(f"data: {line}" for line in event.data.split("\n"))
     return ("\n".join(lines) + "\n\n").encode()
-
-
-def as_headers(pairs: Any) -> dict[str, str]:
-    return {str(k).lower(): str(v) for k, v in dict(pairs).items()}
 
 
 __all__ = ["Attempt", "ClientError", "H3Attempt", "SseAttempt", "event_index", "open_h3", "open_sse", "sse_bytes"]

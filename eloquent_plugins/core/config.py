@@ -140,6 +140,3 @@ def plugin_flag(flag: str) -> str:
     return f"--{PLUGIN_PREFIX}{name}"
 
 
-def first_set(*values: object, default: object = None) -> object:
-    """CLI beats environment beats default: the first value that is not None."""
-    return next((v for v in values if v is not None), default)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import Enum
 
 from eloquent_plugins.core.codecs.base import Codec
@@ -40,13 +39,6 @@ class ResponseState(Enum):
     """Every event, the final one included, was acked after the trailer: nothing more goes out."""
     FALLEN_BACK = "fallen_back"
     """The unacked events were written on the reliable stream: no more datagrams."""
-
-
-@dataclass(slots=True)
-class StreamTimings:
-    """When each event left the app (monotonic clock), for benchmarks."""
-
-    generated: list[float]
 
 
 class EloquentResponseStream:

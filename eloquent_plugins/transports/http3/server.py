@@ -31,6 +31,7 @@ from eloquent_plugins.h3glue import ALPN, RETRY_MODES, AdmissionStats, GuardedQu
 from eloquent_plugins.transports.http3.certs import dev_certificate, dev_pair, renewal_due, resolve_certificate
 from eloquent_plugins.transports.http3.connection import Http3Connection
 from eloquent_plugins.transports.http3.lifespan import Lifespan
+from eloquent_plugins.transports.http3.webtransport import DEFAULT_PATH
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +63,7 @@ class FrontEndOptions:
     """Handshakes not yet address-validated from one IP address; past it a Retry ("auto") or a drop ("off")."""
     handshake_timeout: float = 10.0
     """A connection whose handshake is not complete by then is dropped, nothing sent (not kept ``idle_timeout``)."""
-    webtransport_path: str | None = "/eloquent/wt"
+    webtransport_path: str | None = DEFAULT_PATH
     """Where browsers open WebTransport sessions (docs/BROWSER.md); None or "" turns WebTransport off."""
 
     @classmethod

@@ -39,6 +39,7 @@ log = logging.getLogger("eloquent_plugins.transports.http3")
 MAX_HEAD_BYTES = 64 << 10
 """Longest JSON head line a request stream may send (the JS client's limit for the status line too)."""
 DEFAULT_PATH = "/eloquent/wt"
+"""Where WebTransport sessions are served unless the front end is told otherwise (the JS client's default too)."""
 
 
 @dataclass(slots=True)
