@@ -29,6 +29,7 @@ from eloquent_plugins.core.errors import EloquentError
 from eloquent_plugins.core.events import EventKind, StreamEvent
 from eloquent_plugins.core.keepalive import KeepAlivePolicy
 from eloquent_plugins.core.limits import Limits
+from eloquent_plugins.core.padding import PaddingPolicy
 from eloquent_plugins.core.protocol import BadEventId, parse_event_id
 from eloquent_plugins.core.receiver import EloquentReceiver, ReceiverConfig
 from eloquent_plugins.core.response_stream import EloquentResponseStream
@@ -353,7 +354,12 @@ def control_vectors() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------- SSE
+_PADDED_EVENTS = [b"id: tok:0\ndata: {\"text\":\"Hi\"}\n\n", b"id: tok:1\ndata: {\"text\":\" there\"}\n\n",
+                  b"data: [DONE]\n\n"]
 SSE_CASES = {
+    # core.padding: a comment line after each write (bucket), and the same cut into 512-byte writes (constant)
+    "padded-bucket": b"".join(b"".join(PaddingPolicy("bucket").sse_writes(e)) for e in _PADDED_EVENTS),
+    "padded-constant": b"".join(b"".join(PaddingPolicy("constant").sse_writes(e)) for e in _PADDED_EVENTS),
     "basic": b"data: one\n\ndata: two\nid: t\n\n",
     "crlf-and-cr": b"data: a\r\n\r\ndata: b\r\rdata: c\r\n\r\n",
     "multiline-comments": b": hello\n: keep-alive\ndata: x\ndata:y\ndata\n\n",
