@@ -55,7 +55,7 @@ def test_sse_writes_take_the_classes_and_parse_as_the_event(mode: str, n: int) -
     writes = policy.sse_writes(event)
     sizes = {len(w) for w in writes}
     if mode == "constant":
-        assert sizes == {512}
+        assert sizes == {policy.size}
     else:
         assert len(writes) == 1 and len(writes[0]) in policy.classes
     parser = SSEParser()

@@ -27,11 +27,11 @@ MODES: tuple[str, ...] = ("off", "bucket", "constant")
 
 SSE_FLOOR = 128
 """Smallest SSE size class: an OpenAI chunk is ~200-260 bytes, a TGI token event ~120."""
-SSE_CONSTANT = 512
-"""SSE unit of ``constant``: one OpenAI chunk with its id line and a long token fits."""
+SSE_CONSTANT = 256
+"""SSE unit of ``constant``: one OpenAI chunk with its id line fits (a longer one takes two writes)."""
 DATAGRAM_FLOOR = 64
 """Smallest datagram class: one delta-encoded token entry with the header is ~20-40 bytes."""
-DATAGRAM_CONSTANT = 256
+DATAGRAM_CONSTANT = 128
 """Datagram size of ``constant``: the run splits into datagrams of this size."""
 MIN_COMMENT = 2
 """The shortest SSE comment line, ``:\\n``: a gap of one byte takes the next class (or unit) instead."""

@@ -357,7 +357,7 @@ def control_vectors() -> dict[str, Any]:
 _PADDED_EVENTS = [b"id: tok:0\ndata: {\"text\":\"Hi\"}\n\n", b"id: tok:1\ndata: {\"text\":\" there\"}\n\n",
                   b"data: [DONE]\n\n"]
 SSE_CASES = {
-    # core.padding: a comment line after each write (bucket), and the same cut into 512-byte writes (constant)
+    # core.padding: a comment line after each write (bucket), and the same cut into 256-byte writes (constant)
     "padded-bucket": b"".join(b"".join(PaddingPolicy("bucket").sse_writes(e)) for e in _PADDED_EVENTS),
     "padded-constant": b"".join(b"".join(PaddingPolicy("constant").sse_writes(e)) for e in _PADDED_EVENTS),
     "basic": b"data: one\n\ndata: two\nid: t\n\n",

@@ -63,8 +63,11 @@ class Connection:
                  send_timeout: float, metrics: StreamMetrics, merge: Merge | None = None, coalesce: bool = True,
                  renew_lease: Callable[[], Coroutine[Any, Any, None]] | None = None, lease_every: float = 1.0,
                  max_queued: int = 0, socket: SocketControl | None = None, producer: Producer | None = None,
-                 padding: PaddingPolicy | None = None) -> None:
+                 padding: PaddingPolicy | None = None, send_tick: float = 0.0) -> None:
         self.send = send
+        self.send_tick = send_tick
+        """``--send-tick``: this connection's task writes only at multiples of it (loop time), so write times follow
+        the clock, not the tokens; the direct path is off (its ``_wake`` is never set). 0: write at once."""
         self.padding = padding if padding is not None and padding.enabled else None
         """Pads each write with an SSE comment (``core.padding``) as it goes out; the log never holds padding, so a
         resume, coalescing and the byte counts of the log are the same with it on. None: off (one test per write)."""
@@ -344,6 +347,11 @@ class Connection:
                     continue
                 if self.state >= _CUT:
                     return "disconnected"  # ``finished`` reports why it was cut
+                tick = self.send_tick
+                if tick:
+                    await asyncio.sleep(tick - loop.time() % tick)
+                    if self.state >= _CUT:
+                        return "disconnected"
                 frames = source.take(self.cursor)
                 if frames:
                     if not self.coalesce:
@@ -406,6 +414,8 @@ class Connection:
                     metrics.keepalives += 1
                     metrics.bytes_sent += size
                     continue
+                if tick:
+                    continue  # the next tick takes what came meanwhile
                 wake = loop.create_future()
                 self._wake = wake
                 deadline = self._idle_timer().deadline()

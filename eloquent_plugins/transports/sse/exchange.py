@@ -217,7 +217,7 @@ class Exchange:
                                send_timeout=mw.config.send_timeout, metrics=metrics, merge=mw.merge_for(codec),
                                coalesce=mw.config.coalesce, max_queued=mw.config.max_queued_bytes,
                                socket=socket_control(scope), producer=self.producer,
-                               padding=self._padding(codec.name, label))
+                               padding=self._padding(codec.name, label), send_tick=mw.config.send_tick)
         mw.budget.add_reader(stream_log, self.conn)
         task = self.conn.start()
         task.add_done_callback(self._connection_done)
