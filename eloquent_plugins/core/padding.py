@@ -35,6 +35,10 @@ DATAGRAM_CONSTANT = 128
 """Datagram size of ``constant``: the run splits into datagrams of this size."""
 MIN_COMMENT = 2
 """The shortest SSE comment line, ``:\\n``: a gap of one byte takes the next class (or unit) instead."""
+_TABLE = 4096
+"""Write sizes ``PaddingPolicy`` has the padding of at hand (most events are far smaller)."""
+_CACHED = 1024
+"""Comment lengths ``PaddingPolicy`` keeps built (at most ~0.5 MiB for all of them together)."""
 _CEILING = 1 << 24
 """Largest SSE class: a write above it (16 MiB) is sent as it is."""
 
@@ -49,6 +53,11 @@ class PaddingPolicy:
     ceiling: int = _CEILING
     """``bucket``: the largest class (a datagram's budget); a larger write is sent as it is."""
     classes: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _comments: dict[int, bytes] = field(init=False, repr=False, compare=False, default_factory=dict)
+    """Comment lines by length, built once each (lengths below ``_CACHED``): the SSE path pads every write."""
+    _gaps: tuple[int, ...] = field(init=False, repr=False, compare=False, default=())
+    """``sse_pad(n)`` for every ``n`` below ``_TABLE`` (built by the first ``sse_writes``): one index per write
+    instead of the class search."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -64,6 +73,7 @@ class PaddingPolicy:
             c *= 2
         classes.append(self.ceiling)
         object.__setattr__(self, "classes", tuple(classes))
+
 
     @property
     def enabled(self) -> bool:
@@ -99,12 +109,23 @@ class PaddingPolicy:
     def sse_writes(self, frame: bytes) -> list[bytes]:
         """``frame`` (whole SSE events) as the writes that go to the client: padded with one comment line, and
         for ``constant`` cut into ``size``-byte writes (SSE is a byte stream: a cut anywhere is fine)."""
-        gap = self.sse_pad(len(frame))
-        padded = frame + sse_comment(gap) if gap else frame
-        if self.mode != "constant" or len(padded) <= self.size:
-            return [padded]
+        n = len(frame)
+        gaps = self._gaps
+        if not gaps:  # built on the first SSE write (a datagram policy never needs it)
+            gaps = tuple(self.sse_pad(i) for i in range(_TABLE))
+            object.__setattr__(self, "_gaps", gaps)
+        gap = gaps[n] if n < _TABLE else self.sse_pad(n)
+        if gap:
+            comment = self._comments.get(gap)
+            if comment is None:
+                comment = sse_comment(gap)
+                if gap < _CACHED:
+                    self._comments[gap] = comment
+            frame += comment
         unit = self.size
-        return [padded[i : i + unit] for i in range(0, len(padded), unit)]
+        if len(frame) <= unit or self.mode != "constant":
+            return [frame]
+        return [frame[i : i + unit] for i in range(0, len(frame), unit)]
 
 
 _FILL = b":" + b"p" * ((1 << 16) - 2)

@@ -25,7 +25,7 @@ from typing import Any
 
 from eloquent_plugins.core.keepalive import KeepAlivePolicy, KeepAliveTimer
 from eloquent_plugins.core.padding import PaddingPolicy
-from eloquent_plugins.transports.asgi import Send
+from eloquent_plugins.transports.asgi import Message, Send
 from eloquent_plugins.transports.metrics import StreamMetrics
 from eloquent_plugins.transports.resume.base import ReplaySource
 from eloquent_plugins.transports.resume.local import LocalSource
@@ -64,13 +64,13 @@ class Connection:
                  renew_lease: Callable[[], Coroutine[Any, Any, None]] | None = None, lease_every: float = 1.0,
                  max_queued: int = 0, socket: SocketControl | None = None, producer: Producer | None = None,
                  padding: PaddingPolicy | None = None, send_tick: float = 0.0) -> None:
-        self.send = send
+        self.send = send if padding is None or not padding.enabled else _padded(send, padding, metrics)
+        """The server's ``send``; with ``padding``, one that pads each write with an SSE comment as it goes out
+        (``core.padding``): the log never holds padding (a resume, coalescing and the log's byte counts are as
+        without it), and the per-event path is the same code either way (nothing is tested per event)."""
         self.send_tick = send_tick
         """``--send-tick``: this connection's task writes only at multiples of it (loop time), so write times follow
         the clock, not the tokens; the direct path is off (its ``_wake`` is never set). 0: write at once."""
-        self.padding = padding if padding is not None and padding.enabled else None
-        """Pads each write with an SSE comment (``core.padding``) as it goes out; the log never holds padding, so a
-        resume, coalescing and the byte counts of the log are the same with it on. None: off (one test per write)."""
         self.producer = producer
         """The stream's producer when the app's task writes through this connection (``write_direct``); None for
         a resume connection."""
@@ -261,10 +261,7 @@ class Connection:
             task = self._producer_task = asyncio.current_task(self._loop)
         self._direct_task = task
         try:
-            if self.padding is None:
-                await self.send({"type": "http.response.body", "body": frame, "more_body": True})
-            else:
-                size = await self._send_padded(frame)
+            await self.send({"type": "http.response.body", "body": frame, "more_body": True})
         except asyncio.CancelledError:
             if self.state < ConnState.TIMED_OUT or self._direct_task is None:
                 raise
@@ -283,15 +280,6 @@ class Connection:
         if (self.state is not _OPEN or self._keepalive_due or self._parked_busy or log.closed
                 or end < log.next_index):
             self._wakeup()
-
-    async def _send_padded(self, body: bytes) -> int:
-        """``body`` padded (and, for ``constant``, cut into its units, one write each); the bytes written."""
-        send, written = self.send, 0
-        for chunk in self.padding.sse_writes(body):  # type: ignore[union-attr]  # only called with padding set
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            written += len(chunk)
-        self.metrics.padding_bytes += written - len(body)
-        return written
 
     def _idle_timer(self) -> KeepAliveTimer:
         """The keep-alive timer, told of the last write."""
@@ -373,16 +361,12 @@ class Connection:
                     self._sending_since = loop.time()
                     self.busy = True
                     try:
-                        if self.padding is None:
-                            await send({"type": "http.response.body", "body": body, "more_body": True})
-                            size = len(body)
-                        else:
-                            size = await self._send_padded(body)
+                        await send({"type": "http.response.body", "body": body, "more_body": True})
                     finally:
                         self.busy = False
                         self._sending_since = None
                     self._written_at = loop.time()
-                    metrics.bytes_sent += size
+                    metrics.bytes_sent += len(body)
                     metrics.writes += 1
                     if self.state is not _OPEN:
                         return "disconnected"
@@ -402,17 +386,13 @@ class Connection:
                     self._sending_since = loop.time()
                     self.busy = True
                     try:
-                        if self.padding is None:
-                            await send({"type": "http.response.body", "body": frame, "more_body": True})
-                            size = len(frame)
-                        else:  # a keep-alive takes a size class too: it must not stand out from the events
-                            size = await self._send_padded(frame)
+                        await send({"type": "http.response.body", "body": frame, "more_body": True})
                     finally:
                         self.busy = False
                         self._sending_since = None
                     self._written_at = loop.time()
                     metrics.keepalives += 1
-                    metrics.bytes_sent += size
+                    metrics.bytes_sent += len(frame)
                     continue
                 if tick:
                     continue  # the next tick takes what came meanwhile
@@ -453,3 +433,22 @@ class Connection:
             return "send_timeout"
         self.metrics.clients_cut += 1
         return "queue_full"
+
+
+def _padded(send: Send, policy: PaddingPolicy, metrics: StreamMetrics) -> Send:
+    """``send`` that pads every body write (``PaddingPolicy.sse_writes``: one comment line after the events in the
+    same write; ``constant`` also cuts it into its units, one write each); the padding is counted in
+    ``metrics.padding_bytes``."""
+
+    async def padded(message: Message) -> None:
+        body = message.get("body", b"")
+        if not body or message["type"] != "http.response.body":
+            await send(message)
+            return
+        writes = policy.sse_writes(body)
+        metrics.padding_bytes += sum(map(len, writes)) - len(body)
+        for chunk in writes[:-1]:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": writes[-1], "more_body": message.get("more_body", False)})
+
+    return padded
