@@ -4,6 +4,7 @@ own SSE parser; ``stream_options.include_obfuscation: false`` turns it off for t
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections.abc import Iterator
@@ -171,8 +172,69 @@ def test_padded_stream_has_comment_padding_and_the_same_events(servers: dict[str
 def test_include_obfuscation_false_turns_padding_off_for_that_request(servers: dict[str, str]) -> None:
     off = raw_body(servers["bucket"], chat("a", stream_options={"include_obfuscation": False}))
     on = raw_body(servers["bucket"], chat("a", stream_options={"include_obfuscation": True}))
-    assert sse_text(off)[1] == 0 and b"\n:pp" not in off
+    assert sse_text(off)[1] == 0 and b"\n:pp" not in off and b'"obfuscation"' not in off
     assert sse_text(on)[1] > 0
+
+
+def test_include_obfuscation_true_adds_openais_field_which_the_sdk_reads(servers: dict[str, str]) -> None:
+    client = openai.OpenAI(base_url=servers["off"] + "/v1", api_key="none", max_retries=0)
+    chunks = list(client.chat.completions.create(
+        model=ENGINE.model, stream=True, max_tokens=24, messages=[{"role": "user", "content": "hello padding"}],
+        stream_options={"include_obfuscation": True}))
+    tokens = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert tokens and all(isinstance(c.obfuscation, str) and 1 <= len(c.obfuscation) <= 32 for c in tokens)
+    assert len({len(c.obfuscation) for c in tokens}) > 1  # random lengths (24 draws of 32 all equal: 32**-23)
+    plain = list(client.chat.completions.create(
+        model=ENGINE.model, stream=True, max_tokens=24, messages=[{"role": "user", "content": "hello padding"}]))
+    assert all(c.obfuscation is None for c in plain)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+        "".join(c.choices[0].delta.content or "" for c in plain if c.choices)
+    bad = httpx.post(servers["off"] + "/v1/chat/completions", timeout=30,
+                     json=chat("x", stream_options={"include_obfuscation": "yes"}))
+    assert bad.status_code == 400 and "include_obfuscation" in bad.text
+
+
+def test_send_tick_coalesces_the_writes_and_loses_nothing() -> None:
+    """With ``send_tick`` far above the engine's token interval, the connection writes once a tick: several events
+    a write (a count, not a duration), and the text is whole."""
+    import asyncio
+
+    async def stream(tick: float) -> tuple[int, str]:
+        app = EloquentMiddleware(create_engine_app(EngineConfig(ttft=0.0, tpot=0.002)),
+                                 StreamConfig(send_tick=tick, keepalive=0.0, resume=False))
+        body = json.dumps(chat("ticks", max_tokens=40)).encode()
+        writes: list[bytes] = []
+        done = asyncio.Event()
+        first = True
+
+        async def receive() -> dict[str, object]:
+            nonlocal first
+            if first:
+                first = False
+                return {"type": "http.request", "body": body, "more_body": False}
+            await done.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, object]) -> None:
+            if message["type"] == "http.response.body":
+                if message.get("body"):
+                    writes.append(message["body"])  # type: ignore[arg-type]
+                if not message.get("more_body"):
+                    done.set()
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+                 "query_string": b"", "root_path": "", "headers": [(b"content-type", b"application/json")],
+                 "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+        await asyncio.wait_for(app(scope, receive, send), 60)
+        messages = SSEParser().feed(b"".join(writes))
+        chunks = [json.loads(m.data) for m in messages if m.data.startswith("{")]
+        return len(writes), "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+    plain_writes, plain_text = asyncio.run(stream(0.0))
+    ticked_writes, ticked_text = asyncio.run(stream(0.2))
+    assert ticked_text == plain_text and len(plain_text) >= 40
+    assert ticked_writes < plain_writes / 2, (ticked_writes, plain_writes)
 
 
 @pytest.mark.parametrize("mode", ["bucket", "constant"])
