@@ -145,9 +145,10 @@ def sse_policy(mode: str) -> PaddingPolicy:
     return PaddingPolicy(mode)  # type: ignore[arg-type]
 
 
-def datagram_policy(mode: str, budget: int) -> PaddingPolicy:
-    """The policy of ``--padding MODE`` for datagrams of at most ``budget`` bytes."""
-    floor = min(DATAGRAM_FLOOR, budget)
+def datagram_policy(mode: str, budget: int, floor: int = DATAGRAM_FLOOR) -> PaddingPolicy:
+    """The policy of ``--padding MODE`` for datagrams of at most ``budget`` bytes (``floor``: the smallest
+    ``bucket`` class)."""
+    floor = min(floor, budget)
     return PaddingPolicy(mode, floor=floor, size=min(DATAGRAM_CONSTANT, budget), ceiling=budget)  # type: ignore[arg-type]
 
 

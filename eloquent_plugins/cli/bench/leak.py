@@ -37,7 +37,7 @@ from eloquent_plugins.cli import numbers
 from eloquent_plugins.cli.flags import add_progress
 from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.core.limits import Limits
-from eloquent_plugins.core.padding import MODES, PaddingPolicy, datagram_policy, sse_policy
+from eloquent_plugins.core.padding import DATAGRAM_FLOOR, MODES, PaddingPolicy, datagram_policy, sse_policy
 from eloquent_plugins.core.sse_reader import SSEParser
 from eloquent_plugins.core.stall import stall_metrics
 from eloquent_plugins.core.wire import DataPacket, decode_packet, encode_packet, pad_packet
@@ -86,6 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "keeps its own timing from run to run: a stand-in for timing that depends on the content")
     parser.add_argument("--send-tick", type=numbers.seconds, default=0.0,
                         help="also run the SSE path with --padding constant and this --send-tick (0: skip)")
+    parser.add_argument("--datagram-floor", type=numbers.positive, default=DATAGRAM_FLOOR,
+                        help=f"smallest datagram class of bucket padding ({DATAGRAM_FLOOR})")
     parser.add_argument("--concurrency", type=numbers.positive, default=8, help="SSE streams at once (8)")
     parser.add_argument("--seed", type=int, default=29)
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
@@ -235,8 +237,8 @@ def timeline_for(texts: list[str], tpot: float, rng: random.Random) -> Timeline:
 
 
 def observe_datagrams(mode: str, texts: list[list[str]], runs: int, scenario: Scenario, seed: int,
-                      progress: Callable[[str], None]) -> tuple[list[Observed], float]:
-    policy = datagram_policy(mode, BUDGET) if mode != "off" else None
+                      progress: Callable[[str], None], floor: int = DATAGRAM_FLOOR) -> tuple[list[Observed], float]:
+    policy = datagram_policy(mode, BUDGET, floor) if mode != "off" else None
     out: list[Observed] = []
     cpu = time.process_time()
     for run in range(runs):
@@ -428,7 +430,7 @@ def run(args: argparse.Namespace) -> int:
             rows.append(row)
     if "datagram" in paths:
         for mode in modes:
-            observed, cpu = observe_datagrams(mode, texts, args.runs, scenario, args.seed, show)
+            observed, cpu = observe_datagrams(mode, texts, args.runs, scenario, args.seed, show, args.datagram_floor)
             stall = statistics.fmean(o.stall for o in observed)
             raw = sum(o.raw_bytes for o in observed)
             if mode == "off":
