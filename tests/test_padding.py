@@ -313,3 +313,21 @@ async def test_python_client_reads_padded_datagrams_over_lossy_quic(padded_serve
         await relay.close()
     assert seen == ["datagram"]
     assert text == padded_server.text(prompt, 60) and len(text) > 50
+
+
+def test_resume_replays_the_log_without_its_padding(servers: dict[str, str]) -> None:
+    """The log holds the events, not the padding: a resume gets the rest of the stream coalesced into few writes,
+    each padded once, so far fewer comment lines than events (a log that stored padding would replay one per
+    event), and the same events as the original after the resume point."""
+    url = servers["bucket"] + "/v1/chat/completions"
+    with httpx.stream("POST", url, json=chat("resume me", max_tokens=30), timeout=30) as r:
+        token = r.headers["x-eloquent-stream"]
+        original = r.read()
+    first = SSEParser().feed(original)
+    with httpx.stream("POST", url, json={}, headers={"last-event-id": f"{token}:3"}, timeout=30) as r:
+        assert r.status_code == 200
+        resumed_raw = r.read()
+    parser = SSEParser()
+    resumed = parser.feed(resumed_raw)
+    assert [m.data for m in resumed] == [m.data for m in first if m.id and int(m.id.rsplit(":", 1)[1]) > 3]
+    assert len(resumed) >= 20 and 1 <= parser.comments_seen <= 3
