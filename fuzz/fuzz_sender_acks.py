@@ -19,6 +19,7 @@ with atheris.instrument_imports(include=["eloquent_plugins"]):
     from eloquent_plugins.core.events import EventKind
     from eloquent_plugins.core.keepalive import KeepAlivePolicy
     from eloquent_plugins.core.limits import Limits
+    from eloquent_plugins.core.padding import datagram_policy
     from eloquent_plugins.core.sender import EloquentSender, SenderConfig
     from eloquent_plugins.core.wire import (
         AckPacket,
@@ -31,6 +32,8 @@ with atheris.instrument_imports(include=["eloquent_plugins"]):
 STREAM = 3
 LIMITS = Limits(max_datagram_size=80, max_event_bytes=400, max_entries_per_packet=6, max_run_datagrams=3)
 MAX_STEPS = 48
+PADDINGS = (None, datagram_policy("bucket", LIMITS.max_datagram_size))
+"""Unpadded, or every datagram padded to one of the bucket classes (64, 80) of this budget."""
 
 
 def ack_datagram(fdp: atheris.FuzzedDataProvider, sender: EloquentSender) -> bytes:
@@ -62,7 +65,8 @@ def test_one_input(data: bytes) -> None:
     fdp = atheris.FuzzedDataProvider(data)
     config = SenderConfig(limits=LIMITS, keepalive=KeepAlivePolicy(interval=float(fdp.ConsumeIntInRange(0, 2))),
                           delta=fdp.ConsumeBool(), carry_unacked=fdp.ConsumeIntInRange(0, 3) != 0,
-                          copies=fdp.ConsumeIntInRange(1, 2))
+                          copies=fdp.ConsumeIntInRange(1, 2), padding=PADDINGS[fdp.ConsumeIntInRange(0, 1)])
+    sizes = config.padding.sizes() if config.padding is not None else None
     sender = EloquentSender(STREAM, config)
     now = 0.0
     previous = b"{}"
@@ -93,6 +97,7 @@ def test_one_input(data: bytes) -> None:
         assert deadline is None or math.isfinite(deadline)
         for datagram in sender.datagrams_to_send(now):
             assert len(datagram) <= LIMITS.max_datagram_size
+            assert sizes is None or len(datagram) in sizes, f"padded datagram of {len(datagram)} bytes"
             packet = decode_packet(datagram, LIMITS)
             assert isinstance(packet, (DataPacket, KeepAlivePacket)) and packet.stream_id == STREAM
             if isinstance(packet, DataPacket):

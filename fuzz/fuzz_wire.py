@@ -1,7 +1,8 @@
 """Fuzz the datagram decoder: any bytes a network peer sends must decode or raise DecodeError/LimitExceeded.
 
 Also checks that whatever decodes re-encodes to a packet that decodes to the same thing (so the sender and the
-receiver agree on every field a hostile peer can reach) and that ``peek_stream_id`` agrees with the decoder.
+receiver agree on every field a hostile peer can reach), that ``peek_stream_id`` agrees with the decoder, and that
+zero padding after a packet changes nothing while any other trailing byte is refused.
 Run: ``python fuzz/fuzz_wire.py -atheris_runs=1000000 [corpus dirs]``.
 """
 
@@ -19,6 +20,7 @@ with atheris.instrument_imports(include=["eloquent_plugins"]):
         DataPacket,
         decode_packet,
         encode_packet,
+        pad_packet,
         peek_stream_id,
     )
 
@@ -50,6 +52,16 @@ def test_one_input(data: bytes) -> None:
         assert abs(again.ack_delay - packet.ack_delay) <= max(2e-6, packet.ack_delay * 1e-12)
     else:
         assert again == packet, (packet, again)
+    # Padding (zero bytes after the last field) never changes what decodes; any other trailing byte is refused.
+    wide = Limits(max_datagram_size=1 << 16)
+    encoded = encode_packet(packet)
+    assert decode_packet(pad_packet(encoded, len(encoded) + 1 + data[0] % 64), wide) == again
+    try:
+        decode_packet(encoded + bytes((1 + data[0] % 255,)), wide)
+    except DecodeError:
+        pass
+    else:
+        raise AssertionError("a non-zero byte after a packet decoded")
     if isinstance(packet, DataPacket):
         assert 1 <= len(packet.entries) <= limits.max_entries_per_packet
         for i, entry in enumerate(packet.entries):

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from eloquent_plugins.core.limits import Limits
+from eloquent_plugins.core.padding import datagram_policy
 from eloquent_plugins.core.receiver import EloquentReceiver
 from eloquent_plugins.core.sender import EloquentSender, SenderConfig
 from eloquent_plugins.transports.sse.ids import new_token
@@ -66,6 +67,10 @@ def wire_datagrams() -> list[bytes]:
     out.extend(receiver.datagrams_to_send(now))
     idle = EloquentSender(9)
     out.extend(idle.datagrams_to_send(16.0))  # a KEEPALIVE
+    padded = EloquentSender(11, SenderConfig(limits=limits, padding=datagram_policy("bucket", 200)))
+    for payload in _openai_chunks(2):  # padded datagrams (zero bytes after the last field)
+        padded.push(payload, now)
+        out.extend(padded.datagrams_to_send(now))
     return out
 
 

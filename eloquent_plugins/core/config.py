@@ -11,6 +11,7 @@ from eloquent_plugins.core.checks import require_finite
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.keepalive import KeepAlivePolicy
 from eloquent_plugins.core.limits import Limits
+from eloquent_plugins.core.padding import parse_mode
 
 StreamTransport = Literal["sse", "eloquent"]
 
@@ -60,6 +61,12 @@ class StreamConfig:
     to autotuning, the kernel takes megabytes for a client that does not read, so no send ever stalls and neither
     ``send_timeout`` nor ``max_queued_bytes`` sees it (0: the kernel's default)."""
     max_request_bytes: int = 1 << 20
+    padding: str = "off"
+    """``off``, ``bucket`` or ``constant``: pad SSE writes and Eloquent datagrams to a few sizes so an observer of
+    the encrypted connection does not learn each token's length (``core.padding``, docs/SECURITY.md)."""
+    send_tick: float = 0.0
+    """Seconds: hold SSE writes and datagram flushes to multiples of this tick, so their timing follows the clock,
+    not the tokens (0: off, send at once)."""
     limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
@@ -73,6 +80,10 @@ class StreamConfig:
         if not self.resume_store.startswith(("memory://", "redis://", "rediss://", "unix://")):
             raise ConfigError(f"resume store must be memory:// or redis://..., got {self.resume_store!r}")
         KeepAlivePolicy(self.keepalive, self.keepalive_frame)  # validates both
+        parse_mode(self.padding)
+        require_finite("send_tick", self.send_tick)
+        if not 0 <= self.send_tick <= 1:
+            raise ConfigError(f"send_tick must be between 0 and 1 second, got {self.send_tick}")
 
     @property
     def keepalive_policy(self) -> KeepAlivePolicy:

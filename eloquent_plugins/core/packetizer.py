@@ -23,6 +23,7 @@ from eloquent_plugins.core.wire import (
     encode_data_from,
     encode_entry,
     encode_packet,
+    pad_packet,
 )
 
 if TYPE_CHECKING:
@@ -42,6 +43,11 @@ class Packetizer:
         self.stats = stats
         self._recovery = recovery
         self._keepalive = keepalive
+        pad = config.padding
+        self._pad = pad if pad is not None and pad.enabled else None
+        """The datagram padding policy (``core.padding``); None when off: ``_emit`` then adds nothing."""
+        self._budget = pad.size if self._pad is not None and pad.mode == "constant" else config.limits.max_datagram_size
+        """Bytes a datagram may take: the budget, or the one size of ``constant`` padding (runs split at it)."""
         self.next_number = 0
         """The packet number the next packet takes (every number below it was sent)."""
         self.sent_upto = -1
@@ -61,7 +67,7 @@ class Packetizer:
         datagrams."""
         limits = self.config.limits
         carry = self.config.carry_unacked
-        budget = limits.max_datagram_size
+        budget = self._budget
         ref_index = base - 1 if reference is not None else None
         datagrams: list[bytes] = []
         self._run_packets = []  # what _data_packet encodes into ``datagrams``, in the same order (for copies)
@@ -137,6 +143,9 @@ class Packetizer:
         return number
 
     def _emit(self, datagram: bytes, now: float) -> bytes:
+        pad = self._pad
+        if pad is not None:
+            datagram = pad_packet(datagram, pad.target(len(datagram)))
         self.stats.bytes_sent += len(datagram)
         self._keepalive.activity(now)
         return datagram
@@ -153,7 +162,7 @@ class Packetizer:
                 return hit
         entry = self._entry(event, reference, deltas, cached)
         size = entry.encoded_size()
-        built = entry, size, encode_entry(entry) if size <= self.config.limits.max_datagram_size else b""
+        built = entry, size, encode_entry(entry) if size <= self._budget else b""
         if cached:
             self._encoded[event.index] = built
         return built
@@ -191,7 +200,7 @@ class Packetizer:
     def _fragments(self, event: StreamEvent, now: float) -> list[bytes]:
         """An event larger than one datagram goes as raw fragments, each alone in its packet."""
         total = len(event.payload)
-        chunk = max(1, self.config.limits.max_datagram_size - _FRAGMENT_OVERHEAD)
+        chunk = max(1, self._budget - _FRAGMENT_OVERHEAD)
         out: list[bytes] = []
         for offset in range(0, total, chunk):
             entry = Entry(event.index, event.kind, event.payload[offset : offset + chunk], frag_total=total,

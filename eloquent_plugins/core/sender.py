@@ -23,6 +23,7 @@ from eloquent_plugins.core.events import EventKind, StreamEvent
 from eloquent_plugins.core.keepalive import KeepAlivePolicy, KeepAliveTimer
 from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.packetizer import Packetizer
+from eloquent_plugins.core.padding import PaddingPolicy
 from eloquent_plugins.core.recovery import Recovery
 from eloquent_plugins.core.wire import AckPacket, decode_packet
 
@@ -55,6 +56,9 @@ class SenderConfig:
     """While the loss estimate is at or above ``redundancy_threshold``, resend the run once no packet has left for
     1.5 mean push intervals, until a probe timeout after the newest event first left: the tail and generation
     gaps get a packet per token interval (as the simulator's oracle does) instead of waiting a PTO."""
+    padding: PaddingPolicy | None = None
+    """Pad every datagram to one of the policy's sizes (``core.padding.datagram_policy``; None or ``off``: none), so
+    an observer does not learn each token's byte length from the datagram sizes (docs/SECURITY.md)."""
 
     def __post_init__(self) -> None:
         if self.copies < 1:
@@ -66,6 +70,13 @@ class SenderConfig:
             raise ConfigError(f"redundancy_threshold must be in [0, 1], got {self.redundancy_threshold}")
         if not 0 < self.loss_gain <= 1:
             raise ConfigError(f"loss_gain must be in (0, 1], got {self.loss_gain}")
+        pad = self.padding
+        if pad is not None and pad.enabled:
+            budget = self.limits.max_datagram_size
+            if pad.mode == "constant" and not 128 <= pad.size <= budget:
+                raise ConfigError(f"constant datagram padding needs 128 <= size <= {budget}, got {pad.size}")
+            if pad.mode == "bucket" and pad.ceiling > budget:
+                raise ConfigError(f"datagram padding classes go up to {pad.ceiling}, above the {budget} budget")
 
 
 @dataclass(slots=True)

@@ -180,8 +180,17 @@ def decode_packet(data: bytes, limits: Limits | None = None) -> Packet:
 
 
 def _expect_end(data: bytes, pos: int) -> None:
-    if pos != len(data):
-        raise DecodeError(f"{len(data) - pos} trailing bytes after packet")
+    """Past the last field only padding may follow: zero bytes to the end of the datagram (``pad_packet``)."""
+    end = len(data)
+    if pos != end and data.count(0, pos) != end - pos:
+        raise DecodeError(f"{end - pos} trailing bytes after packet (padding is zero bytes only)")
+
+
+def pad_packet(data: bytes, size: int) -> bytes:
+    """``data`` (an encoded packet) padded to ``size`` bytes with zeros, which every decoder skips (the way QUIC's
+    PADDING frames are zero bytes): what ``core.padding`` uses to make datagrams take a few sizes only."""
+    gap = size - len(data)
+    return data + bytes(gap) if gap > 0 else data
 
 
 def _decode_data(data: bytes, pos: int, stream_id: int, limits: Limits) -> DataPacket:

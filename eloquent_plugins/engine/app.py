@@ -202,7 +202,8 @@ def create_engine_app(config: EngineConfig | None = None, engine: Engine | None 
         created = int(time.time())
         if req.stream:
             writer = ChunkWriter(
-                chat=chat, request_id=request_id, created=created, model=cfg.model, include_usage=req.include_usage
+                chat=chat, request_id=request_id, created=created, model=cfg.model, include_usage=req.include_usage,
+                include_obfuscation=req.include_obfuscation,
             )
             return _EngineStream(stream_body(req, writer), admission)
         try:

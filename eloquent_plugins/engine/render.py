@@ -8,6 +8,7 @@ nested dict. The output is byte-identical to compact ``json.dumps`` of the equiv
 from __future__ import annotations
 
 import json
+import os
 from json.encoder import encode_basestring  # C-accelerated when available; ensure_ascii=False semantics
 from typing import Any
 
@@ -39,13 +40,17 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 class ChunkWriter:
     """Renders the ``data: {...}\\n\\n`` events of one streamed chat or completions response."""
 
-    def __init__(self, *, chat: bool, request_id: str, created: int, model: str, include_usage: bool) -> None:
+    def __init__(self, *, chat: bool, request_id: str, created: int, model: str, include_usage: bool,
+                 include_obfuscation: bool = False) -> None:
         obj = "chat.completion.chunk" if chat else "text_completion"
         self._head = f'{{"id":{dumps(request_id)},"object":"{obj}","created":{created},"model":{dumps(model)}'
         tail = ',"usage":null}\n\n' if include_usage else "}\n\n"  # OpenAI sends usage:null until the last chunk
         choice = "data: " + self._head + ',"choices":[{"index":0,'
         self._pre = choice + ('"delta":{"content":' if chat else '"text":')
         self._post = ("}," if chat else ",") + '"logprobs":null,"finish_reason":null}]' + tail
+        self._obfuscate = (self._post[: -len(tail)], tail) if include_obfuscation else None
+        """``stream_options.include_obfuscation: true``: each token chunk gets OpenAI's ``obfuscation`` field, a
+        random string of random length (1-32 characters), so its size does not give the token's length away."""
         self._finish_pre = choice + ('"delta":{},' if chat else '"text":"",') + '"logprobs":null,"finish_reason":'
         self._finish_post = "}]" + tail
         self._role = (
@@ -61,6 +66,10 @@ class ChunkWriter:
         return self._role
 
     def token(self, text: str) -> bytes:
+        if self._obfuscate is not None:
+            post, tail = self._obfuscate
+            noise = os.urandom(16).hex()[: 1 + os.urandom(1)[0] % 32]
+            return (self._pre + encode_basestring(text) + post + ',"obfuscation":"' + noise + '"' + tail).encode()
         return (self._pre + encode_basestring(text) + self._post).encode()
 
     def finish(self, reason: str) -> bytes:

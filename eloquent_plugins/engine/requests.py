@@ -34,6 +34,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     controls: EngineControls
+    include_obfuscation: bool = False
 
 
 def parse_request(body: Any, *, chat: bool, config: EngineConfig) -> GenerationRequest:
@@ -70,6 +71,7 @@ def parse_request(body: Any, *, chat: bool, config: EngineConfig) -> GenerationR
         stop=_stop(body),
         stream=stream,
         include_usage=include_usage,
+        include_obfuscation=_obfuscation(body),
         controls=EngineControls.from_json(body.get("eloquent_engine")),
     )
 
@@ -154,10 +156,17 @@ def _stream_options(body: dict[str, Any], stream: bool) -> bool:
         raise invalid("'stream_options' is only allowed when 'stream' is true", "stream_options")
     if not isinstance(options, dict):
         raise invalid("'stream_options' must be an object", "stream_options")
-    value = options.get("include_usage")
-    if value is not None and not isinstance(value, bool):
-        raise invalid("'stream_options.include_usage' must be a boolean", "stream_options.include_usage")
-    return bool(value)
+    for name in ("include_usage", "include_obfuscation"):
+        value = options.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise invalid(f"'stream_options.{name}' must be a boolean", f"stream_options.{name}")
+    return bool(options.get("include_usage"))
+
+
+def _obfuscation(body: dict[str, Any]) -> bool:
+    """``stream_options.include_obfuscation: true`` (checked by ``_stream_options``): OpenAI's padding field."""
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_obfuscation") is True
 
 
 def _max_tokens(body: dict[str, Any], chat: bool, config: EngineConfig) -> int:

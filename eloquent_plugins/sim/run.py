@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.keepalive import KeepAlivePolicy
+from eloquent_plugins.core.padding import PaddingPolicy
 from eloquent_plugins.sim.netem import PathConfig, SlottedPath, Trace
 from eloquent_plugins.core.sender import SenderConfig
 from eloquent_plugins.sim.clock import EventLoop, SimulationError
@@ -109,7 +111,8 @@ def _paths(path: PathConfig, timeline: Timeline, seeds: StreamSeeds) -> tuple[Sl
 
 
 def run_tcp(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, trace: Trace | None, copies: int,
-            scheme: str, rack_tlp: bool = False) -> StreamRun:
+            scheme: str, rack_tlp: bool = False, sizes: list[int] | None = None) -> StreamRun:
+    """``sizes``: bytes each token's write takes (``bench leak``: padded), instead of its payload's."""
     config = TcpConfig(copies=copies, rack_tlp=rack_tlp)
     path = scenario.path_config(trace)
     loop = EventLoop()
@@ -119,7 +122,7 @@ def run_tcp(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, trace: T
     forward_path, reverse_path = _paths(path, timeline, seeds)
     forward = SimWire(loop, forward_path, TCP_HEADER, receiver.on_segment)
     reverse = SimWire(loop, reverse_path, TCP_HEADER, sender.on_ack)
-    for index, (when, size) in enumerate(zip(timeline.times, _payload_sizes(timeline))):
+    for index, (when, size) in enumerate(zip(timeline.times, sizes or _payload_sizes(timeline))):
         loop.at(when, sender.write, index, size)
     loop.run(timeline.times[-1] + _TIME_GUARD)
     stats = sender.stats
@@ -133,15 +136,25 @@ def run_tcp(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, trace: T
 
 
 def run_eloquent(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, trace: Trace | None,
-                 copies: int = 1, scheme: str = "eloquent", redundancy: str | int | None = None) -> StreamRun:
-    """``redundancy`` None keeps the sender's default; otherwise it sets ``SenderConfig.redundancy``."""
+                 copies: int = 1, scheme: str = "eloquent", redundancy: str | int | None = None,
+                 padding: PaddingPolicy | None = None,
+                 observe: Callable[[float, bytes], None] | None = None) -> StreamRun:
+    """``redundancy`` None keeps the sender's default; otherwise it sets ``SenderConfig.redundancy``.
+    ``padding`` sets ``SenderConfig.padding``; ``observe(now, datagram)`` sees every data datagram sent (what an
+    observer of the path sees, ``bench leak``)."""
     path = scenario.path_config(trace)
     loop = EventLoop()
     renders = _Renders(len(timeline.times))
-    config = None if redundancy is None else replace(
+    config = None if redundancy is None and padding is None else replace(
         SenderConfig(), initial_rtt=_initial_rtt(scenario), keepalive=KeepAlivePolicy(interval=0.0),
-        redundancy=redundancy)
-    ends = EloquentEndpoints(loop, _initial_rtt(scenario), lambda d: forward.send(d, len(d)),
+        redundancy="off" if redundancy is None else redundancy, padding=padding)
+
+    def send_data(datagram: bytes) -> None:
+        if observe is not None:
+            observe(loop.now, datagram)
+        forward.send(datagram, len(datagram))
+
+    ends = EloquentEndpoints(loop, _initial_rtt(scenario), send_data,
                              lambda a: reverse.send(a, len(a)), renders, sender_config=config, copies=copies)
     forward_path, reverse_path = _paths(path, timeline, seeds)
     forward = SimWire(loop, forward_path, QUIC_DATAGRAM_HEADER, ends.on_data)

@@ -264,8 +264,11 @@ export function peekStreamId(data) {
   return decodeVarint(data, 2)[0];
 }
 
+/** Past the last field only padding may follow: zero bytes to the end (PROTOCOL.md, "Padding"). */
 function expectEnd(data, pos) {
-  if (pos !== data.length) throw new DecodeError(`${data.length - pos} trailing bytes after packet`);
+  for (let i = pos; i < data.length; i++) {
+    if (data[i] !== 0) throw new DecodeError(`${data.length - pos} trailing bytes after packet (padding is zero bytes only)`);
+  }
 }
 
 /**

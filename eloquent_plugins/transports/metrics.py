@@ -89,6 +89,7 @@ class StreamMetrics:
         self.events = 0
         self.events_merged = 0
         self.bytes_sent = 0
+        self.padding_bytes = 0
         self.writes = 0
         self.keepalives = 0
         self.resumes: dict[str, int] = {}
@@ -150,6 +151,7 @@ class StreamMetrics:
             ("events", "Events that entered stream logs.", self.events),
             ("events_merged", "Events merged into a neighbour (merge_deltas).", self.events_merged),
             ("bytes_sent", "Body bytes written to clients, keep-alives included.", self.bytes_sent),
+            ("padding_bytes", "SSE comment bytes added by --padding (on top of bytes_sent).", self.padding_bytes),
             ("writes", "Body writes to clients (coalescing makes this lower than events).", self.writes),
             ("keepalives_sent", "Keep-alive frames sent on idle streams.", self.keepalives),
             ("engine_aborts", "Engine requests aborted because their client left and did not resume.", self.aborts),

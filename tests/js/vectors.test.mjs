@@ -57,6 +57,13 @@ describe("packets", () => {
       assert.deepEqual(got, c.error ? { error: c.error } : { packet: c.packet }, c.hex);
     }
   });
+  test("padded packets (zero bytes after the last field) decode as the packet without them", () => {
+    assert.ok(v.padded.length > 0);
+    for (const { hex, size, packet } of v.padded) {
+      assert.equal(hex.length / 2, size);
+      assert.deepEqual(packetJson(E.decodePacket(fromHex(hex))), packet);
+    }
+  });
   test("deltas", () => {
     for (const d of v.deltas) {
       const [prefix, suffix, middle] = E.makeDelta(fromHex(d.ref), fromHex(d.payload));

@@ -29,13 +29,15 @@ from eloquent_plugins.core.errors import EloquentError
 from eloquent_plugins.core.events import EventKind, StreamEvent
 from eloquent_plugins.core.keepalive import KeepAlivePolicy
 from eloquent_plugins.core.limits import Limits
+from eloquent_plugins.core.padding import PaddingPolicy
 from eloquent_plugins.core.protocol import BadEventId, parse_event_id
 from eloquent_plugins.core.receiver import EloquentReceiver, ReceiverConfig
 from eloquent_plugins.core.response_stream import EloquentResponseStream
 from eloquent_plugins.core.sender import EloquentSender, SenderConfig
 from eloquent_plugins.core.sse_reader import SSEParser
 from eloquent_plugins.core.varint import encode_varint
-from eloquent_plugins.core.wire import AckPacket, DataPacket, Entry, KeepAlivePacket, decode_packet, encode_packet
+from eloquent_plugins.core.wire import AckPacket, DataPacket, Entry, KeepAlivePacket, decode_packet, encode_packet, \
+    pad_packet
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "vectors"
 WORDS = ["The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ".", " Été", " naïve",
@@ -135,7 +137,22 @@ def packet_vectors() -> dict[str, Any]:
         prefix, suffix, middle = make_delta(ref, payload)
         deltas.append({"ref": ref.hex(), "payload": payload.hex(), "prefix": prefix, "suffix": suffix,
                        "middle": middle.hex()})
-    return {"valid": good, "odd": odd, "deltas": deltas}
+    padded = []  # core.padding: zero bytes after the last field, skipped by every decoder (PROTOCOL.md, "Padding")
+    for p, size in zip(valid, (64, 128, 256, 1286, 1286, 64, 64, 64, 64, 64, 256)):
+        raw = encode_packet(p)
+        data = pad_packet(raw, size)
+        padded.append({"hex": data.hex(), "size": len(data), "packet": packet_json(decode_packet(data))})
+    for hex_ in (encode_packet(valid[0]).hex() + "0000000001", encode_packet(valid[5]).hex() + "00ff00"):
+        odd.append({"hex": hex_, "limits": None, "error": error_name(_raises(bytes.fromhex(hex_)))})
+    return {"valid": good, "odd": odd, "deltas": deltas, "padded": padded}
+
+
+def _raises(data: bytes) -> EloquentError:
+    try:
+        decode_packet(data)
+    except EloquentError as exc:
+        return exc
+    raise AssertionError(f"{data.hex()} decoded: non-zero bytes after a packet must be refused")
 
 
 # ------------------------------------------------------------------------------------------- lossy runs
@@ -337,7 +354,12 @@ def control_vectors() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------- SSE
+_PADDED_EVENTS = [b"id: tok:0\ndata: {\"text\":\"Hi\"}\n\n", b"id: tok:1\ndata: {\"text\":\" there\"}\n\n",
+                  b"data: [DONE]\n\n"]
 SSE_CASES = {
+    # core.padding: a comment line after each write (bucket), and the same cut into 256-byte writes (constant)
+    "padded-bucket": b"".join(b"".join(PaddingPolicy("bucket").sse_writes(e)) for e in _PADDED_EVENTS),
+    "padded-constant": b"".join(b"".join(PaddingPolicy("constant").sse_writes(e)) for e in _PADDED_EVENTS),
     "basic": b"data: one\n\ndata: two\nid: t\n\n",
     "crlf-and-cr": b"data: a\r\n\r\ndata: b\r\rdata: c\r\n\r\n",
     "multiline-comments": b": hello\n: keep-alive\ndata: x\ndata:y\ndata\n\n",

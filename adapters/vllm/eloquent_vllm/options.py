@@ -42,6 +42,11 @@ SHARED_FLAGS: tuple[tuple[str, dict[str, object], str], ...] = (
      "Answer 408 when a request body stalls this long; 0 turns it off (default 30)."),
     ("--max-streams-per-client", {"type": int, "metavar": "N"},
      "Live SSE streams one caller may hold; above it 429; 0 = unlimited (default)."),
+    ("--padding", {"choices": ("off", "bucket", "constant")},
+     "Pad SSE writes and Eloquent datagrams to a few sizes against size side channels: off (default), bucket "
+     "(powers of two) or constant (docs/SECURITY.md)."),
+    ("--send-tick", {"type": float, "metavar": "SECONDS"},
+     "Write SSE events only at multiples of this tick, against timing side channels; 0 = off (default)."),
     ("--certfile", {"metavar": "PEM"}, "TLS certificate for HTTP/3 (default: --ssl-certfile, which also makes "
      "vLLM's TCP side HTTPS: the same files on both)."),
     ("--keyfile", {"metavar": "PEM"}, "TLS private key for HTTP/3 (default: --ssl-keyfile)."),
@@ -112,6 +117,8 @@ class EloquentVllmSettings:
             keyfile=getattr(ns, "eloquent_keyfile", None),
             body_timeout=getattr(ns, "eloquent_body_timeout", None),
             max_streams_per_client=getattr(ns, "eloquent_max_streams_per_client", None),
+            padding=getattr(ns, "eloquent_padding", None),
+            send_tick=getattr(ns, "eloquent_send_tick", None),
             resume=False if getattr(ns, "eloquent_no_resume", None) or _truthy(env.get("ELOQUENT_NO_RESUME")) else None,
         )
         if config.certfile is None and config.keyfile is None and getattr(ns, "ssl_certfile", None):

@@ -1,4 +1,4 @@
-"""``eloquent bench sim|e2e|overhead|load``: benchmarks that print figures side by side.
+"""``eloquent bench sim|e2e|overhead|load|leak``: benchmarks that print figures side by side.
 
 Every bench takes ``--progress/--no-progress`` and ``--plot PNG`` (issue 17). A bench whose module draws its own
 figure (``sim``, ``e2e``) handles ``--plot`` itself; for the others the figures their ``--json`` holds are drawn
@@ -24,6 +24,8 @@ BENCHES = {
     "overhead": "events/s and CPU per event through the middleware vs the bare app and sse-starlette; with "
                 "--vllm/--target: streamed vs non-streamed tokens/s of a live server, with and without the plugin",
     "load": "many concurrent SSE and HTTP/3 streams: memory, throughput, p99 gap, errors",
+    "leak": "what an observer of the encrypted stream learns from write/datagram sizes and times, per --padding "
+            "mode: token lengths, which of N answers, and what padding costs",
 }
 OWN_PLOT = ("sim", "e2e")
 

@@ -11,6 +11,7 @@ from eloquent_plugins.cli import numbers
 from eloquent_plugins.cli.flags import add_setting
 from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
+from eloquent_plugins.core.padding import MODES
 
 TRANSPORTS = ("none", "sse", "eloquent")
 """Every command and adapter offers the same three: none = the app as it is, without the streaming layer."""
@@ -58,6 +59,13 @@ def add_server_settings(parser: argparse.ArgumentParser) -> None:
     add_setting(parser, "--max-streams-per-client", type=numbers.count, default=_D.max_streams_per_client,
                 metavar="N", help="live SSE streams one caller (credentials, else client IP) may hold; above it "
                 "429; 0 = unlimited")
+    add_setting(parser, "--padding", choices=MODES, default=_D.padding,
+                help="pad SSE writes (a comment line) and Eloquent datagrams (zero bytes) to a few sizes so an "
+                "observer of the encrypted connection cannot read token lengths: bucket = powers of two, constant "
+                "= one size (docs/SECURITY.md)")
+    add_setting(parser, "--send-tick", type=numbers.seconds, default=_D.send_tick, metavar="SECONDS",
+                help="write SSE events only at multiples of this tick (events that come meanwhile go in one write), "
+                "so write times follow the clock rather than the tokens; adds up to one tick of latency; 0 = off")
     add_setting(parser, "--cors-origin", default=None, metavar="ORIGINS", shown="no CORS headers",
                 help="let browser pages on these origins (comma-separated, or *) call the API: answers preflights "
                 "and exposes the x-eloquent-stream header")
@@ -74,7 +82,7 @@ def stream_config(args: argparse.Namespace, **overrides: object) -> StreamConfig
     """The shared settings (already resolved CLI > environment > default) over ``StreamConfig.from_env``."""
     values: dict[str, object] = {}
     for name in ("keepalive", "eloquent_port", "certfile", "keyfile", "resume_store", "header_timeout",
-                 "body_timeout", "max_streams_per_client"):
+                 "body_timeout", "max_streams_per_client", "padding", "send_tick"):
         if getattr(args, name, None) is not None:
             values[name] = getattr(args, name)
     transport = getattr(args, "stream_transport", None)

@@ -28,6 +28,7 @@ from eloquent_plugins.core.protocol import (
     TRANSPORT_HEADER,
 )
 from eloquent_plugins.core.response_stream import EloquentResponseStream
+from eloquent_plugins.core.padding import datagram_policy
 from eloquent_plugins.core.scheme import Scheme, sender_config_for
 from eloquent_plugins.core.sse_reader import SSEParser
 from eloquent_plugins.core.sse_writer import format_event
@@ -254,6 +255,8 @@ class Request:
         config = replace(sender_config_for(self.scheme, conn.state.config), limits=conn.limits)
         if conn.state.options.sender_redundancy is not None and self.scheme is Scheme.ELOQUENT:
             config = replace(config, redundancy=conn.state.options.sender_redundancy)
+        if conn.state.config.padding != "off":
+            config = replace(config, padding=datagram_policy(conn.state.config.padding, conn.limits.max_datagram_size))
         return EloquentResponseStream(
             self.stream_id, config, now=conn.loop.time(), fallback_after=conn.state.options.fallback_after,
             ack_timeout=conn.state.config.send_timeout or 30.0, supersede=self.scheme is Scheme.ELOQUENT,

@@ -24,7 +24,8 @@ from enum import IntEnum
 from typing import Any
 
 from eloquent_plugins.core.keepalive import KeepAlivePolicy, KeepAliveTimer
-from eloquent_plugins.transports.asgi import Send
+from eloquent_plugins.core.padding import PaddingPolicy
+from eloquent_plugins.transports.asgi import Message, Send
 from eloquent_plugins.transports.metrics import StreamMetrics
 from eloquent_plugins.transports.resume.base import ReplaySource
 from eloquent_plugins.transports.resume.local import LocalSource
@@ -61,8 +62,15 @@ class Connection:
     def __init__(self, send: Send, source: ReplaySource, cursor: int, *, policy: KeepAlivePolicy,
                  send_timeout: float, metrics: StreamMetrics, merge: Merge | None = None, coalesce: bool = True,
                  renew_lease: Callable[[], Coroutine[Any, Any, None]] | None = None, lease_every: float = 1.0,
-                 max_queued: int = 0, socket: SocketControl | None = None, producer: Producer | None = None) -> None:
-        self.send = send
+                 max_queued: int = 0, socket: SocketControl | None = None, producer: Producer | None = None,
+                 padding: PaddingPolicy | None = None, send_tick: float = 0.0) -> None:
+        self.send = send if padding is None or not padding.enabled else _padded(send, padding, metrics)
+        """The server's ``send``; with ``padding``, one that pads each write with an SSE comment as it goes out
+        (``core.padding``): the log never holds padding (a resume, coalescing and the log's byte counts are as
+        without it), and the per-event path is the same code either way (nothing is tested per event)."""
+        self.send_tick = send_tick
+        """``--send-tick``: this connection's task writes only at multiples of it (loop time), so write times follow
+        the clock, not the tokens; the direct path is off (its ``_wake`` is never set). 0: write at once."""
         self.producer = producer
         """The stream's producer when the app's task writes through this connection (``write_direct``); None for
         a resume connection."""
@@ -327,6 +335,11 @@ class Connection:
                     continue
                 if self.state >= _CUT:
                     return "disconnected"  # ``finished`` reports why it was cut
+                tick = self.send_tick
+                if tick:
+                    await asyncio.sleep(tick - loop.time() % tick)
+                    if self.state >= _CUT:
+                        return "disconnected"
                 frames = source.take(self.cursor)
                 if frames:
                     if not self.coalesce:
@@ -381,6 +394,8 @@ class Connection:
                     metrics.keepalives += 1
                     metrics.bytes_sent += len(frame)
                     continue
+                if tick:
+                    continue  # the next tick takes what came meanwhile
                 wake = loop.create_future()
                 self._wake = wake
                 deadline = self._idle_timer().deadline()
@@ -418,3 +433,22 @@ class Connection:
             return "send_timeout"
         self.metrics.clients_cut += 1
         return "queue_full"
+
+
+def _padded(send: Send, policy: PaddingPolicy, metrics: StreamMetrics) -> Send:
+    """``send`` that pads every body write (``PaddingPolicy.sse_writes``: one comment line after the events in the
+    same write; ``constant`` also cuts it into its units, one write each); the padding is counted in
+    ``metrics.padding_bytes``."""
+
+    async def padded(message: Message) -> None:
+        body = message.get("body", b"")
+        if not body or message["type"] != "http.response.body":
+            await send(message)
+            return
+        writes = policy.sse_writes(body)
+        metrics.padding_bytes += sum(map(len, writes)) - len(body)
+        for chunk in writes[:-1]:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": writes[-1], "more_body": message.get("more_body", False)})
+
+    return padded

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from eloquent_plugins.core.hooks.manager import StreamHooks
 from eloquent_plugins.core.hooks.specs import StreamInfo
+from eloquent_plugins.core.padding import PaddingPolicy, obfuscation_requested
 from eloquent_plugins.transports.asgi import HOOKS_EXTENSION, Message, Receive, Scope, Send
 from eloquent_plugins.transports.metrics import transport_label
 from eloquent_plugins.transports.resume.base import StreamMeta
@@ -68,6 +69,8 @@ class Exchange:
         self.scope = scope
         self.send = send
         self.relay = ReceiveRelay(receive)
+        if mw.padding is not None:
+            self.relay.body_head = bytearray()
         self.mode = Mode.UNDECIDED
         self.started = time.monotonic()
         self.log: StreamLog | None = None
@@ -213,7 +216,8 @@ class Exchange:
         self.conn = Connection(self.send, LocalSource(meta, stream_log), 0, policy=mw.policy,
                                send_timeout=mw.config.send_timeout, metrics=metrics, merge=mw.merge_for(codec),
                                coalesce=mw.config.coalesce, max_queued=mw.config.max_queued_bytes,
-                               socket=socket_control(scope), producer=self.producer)
+                               socket=socket_control(scope), producer=self.producer,
+                               padding=self._padding(codec.name, label), send_tick=mw.config.send_tick)
         mw.budget.add_reader(stream_log, self.conn)
         task = self.conn.start()
         task.add_done_callback(self._connection_done)
@@ -221,6 +225,16 @@ class Exchange:
             self.relay.hold()
         self.relay.on_gone(self._client_gone)
         self.relay.watch()
+
+    def _padding(self, codec: str, transport: str) -> PaddingPolicy | None:
+        """The server's ``--padding``, unless this response is read by the HTTP/3 front end into datagrams (which
+        pad on their own) or an OpenAI request said ``stream_options.include_obfuscation: false``."""
+        pad, head = self.mw.padding, self.relay.body_head
+        if pad is None or transport == "eloquent":
+            return None
+        if codec == "openai" and head is not None and obfuscation_requested(bytes(head)) is False:
+            return None
+        return pad
 
     def _release_slot(self) -> None:
         """Idempotent: the stream ended, or its client left (a resume is not counted again)."""

@@ -37,6 +37,7 @@ from eloquent_plugins.core.codecs.base import Codec
 from eloquent_plugins.core.codecs.router import DEFAULT_CODEC_ROUTES, CodecRouter
 from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.core.hooks.manager import codecs, create_plugin_manager
+from eloquent_plugins.core.padding import sse_policy
 from eloquent_plugins.core.protocol import DATAGRAM, TRANSPORT_HEADER
 from eloquent_plugins.transports.asgi import ASGIApp, Message, Receive, Scope, Send
 from eloquent_plugins.transports.metrics import METRICS_PATH, StreamMetrics
@@ -90,6 +91,8 @@ class EloquentMiddleware:
         self.limits = ClientLimits(self.config.max_streams_per_client, identity)
         self.metrics_path = metrics_path
         self.policy = self.config.keepalive_policy
+        self.padding = sse_policy(self.config.padding) if self.config.padding != "off" else None
+        """``--padding`` for SSE writes (``core.padding``); None when off."""
         if store is None and self.config.resume:
             store = create_store(self.config, plugin_store_factories(self.pm))
         self.store = store if self.config.resume else None

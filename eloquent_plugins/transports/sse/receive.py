@@ -17,6 +17,8 @@ from enum import Enum
 from eloquent_plugins.transports.asgi import Message, Receive
 
 DISCONNECT: Message = {"type": "http.disconnect"}
+BODY_HEAD_MAX = 1 << 20
+"""Request-body bytes ``body_head`` keeps at most (the middleware's default ``max_request_bytes``)."""
 
 
 class RelayState(Enum):
@@ -53,6 +55,9 @@ class ReceiveRelay:
         self._changed: asyncio.Future[None] | None = None
         self._on_gone: list[Callable[[], None]] = []
         self.state = RelayState.CONNECTED
+        self.body_head: bytearray | None = None
+        """When set (``--padding`` on), the first ``BODY_HEAD_MAX`` bytes of the request body the app read: the
+        exchange looks for ``stream_options.include_obfuscation`` in it (core.padding.obfuscation_requested)."""
 
     @property
     def client_gone(self) -> bool:
@@ -69,6 +74,9 @@ class ReceiveRelay:
             if self._queue:
                 message = self._queue.popleft()
                 self._notify()
+                head = self.body_head
+                if head is not None and message["type"] == "http.request" and len(head) < BODY_HEAD_MAX:
+                    head += message.get("body", b"")
                 return message
             if self._error is not None:
                 raise self._error

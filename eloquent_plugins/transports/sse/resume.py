@@ -158,7 +158,8 @@ async def _replay(mw: EloquentMiddleware, scope: Scope, receive: Receive, send: 
                       coalesce=mw.config.coalesce,
                       renew_lease=lambda: _renew(store, point.token, consumer, mw.lease_ttl),
                       lease_every=mw.lease_ttl / 3, max_queued=mw.config.max_queued_bytes,
-                      socket=socket_control(scope))
+                      socket=socket_control(scope), padding=mw.padding,
+                      send_tick=mw.config.send_tick)
     local_log = source.log if isinstance(source, LocalSource) else None
     if local_log is not None:
         mw.budget.add_reader(local_log, conn)
