@@ -1207,7 +1207,12 @@ function resumePoint(id) {
 }
 
 // ============================================================================================== client
-const FAILED_ORIGINS = new Map(); // origin -> time (ms) until which WebTransport is not tried again
+import { FallbackReason, fallback, openFailure, unavailable } from "./fallback.js";
+
+export { FALLBACK_HEADER, FallbackReason } from "./fallback.js";
+export { DELIVERY_HEADER, createEloquentFetch, eloquentFetch } from "./fetch.js";
+
+const FAILED_ORIGINS = new Map(); // origin -> {until (ms), fallback}: WebTransport is not tried again before then
 const DEFAULT_OPTIONS = Object.freeze({
   transport: "auto", headers: {}, sessionPath: "/eloquent/wt", certificateHash: "auto",
   webTransportTimeout: 1000, webTransportPort: null, rememberFailure: 5 * 60 * 1000, sseFallback: true,
@@ -1420,26 +1425,32 @@ class SSESource {
 class WTSession {
   static async open(client, url, hashes) {
     const WT = client.options.WebTransport ?? globalThis.WebTransport;
-    if (typeof WT !== "function") throw new ClientError("WebTransport is not available here");
+    const why = unavailable(WT);
+    if (why) throw Object.assign(new ClientError(`WebTransport is not available here: ${why.message}`), { fallback: why });
     const init = hashes ? { serverCertificateHashes: hashes } : {};
     let wt;
     try {
       wt = new WT(url, init);
     } catch (err) {
-      throw new ClientError(`WebTransport to ${url} failed: ${err && err.message}`, { cause: err });
+      throw Object.assign(new ClientError(`WebTransport to ${url} failed: ${err && err.message}`, { cause: err }),
+        { fallback: openFailure(err) });
     }
     Promise.resolve(wt.ready).catch(() => {}); // observed below; keeps a late rejection from going unhandled
     Promise.resolve(wt.closed).catch(() => {});
     let timer;
     const timeout = new Promise((_, reject) => {
-      timer = setTimeout(() => reject(new ClientError(`WebTransport session to ${url} not ready within ${client.options.webTransportTimeout} ms`)),
-        client.options.webTransportTimeout);
+      timer = setTimeout(() => {
+        const err = new ClientError(`WebTransport session to ${url} not ready within ${client.options.webTransportTimeout} ms`);
+        reject(Object.assign(err, { fallback: openFailure(err, { timedOut: true }) }));
+      }, client.options.webTransportTimeout);
     });
     try {
       await Promise.race([wt.ready, timeout]);
     } catch (err) {
       try { wt.close(); } catch { /* already closed */ }
-      throw err instanceof ClientError ? err : new ClientError(`WebTransport to ${url} failed: ${err && err.message}`, { cause: err });
+      if (err instanceof ClientError) throw err;
+      throw Object.assign(new ClientError(`WebTransport to ${url} failed: ${err && err.message}`, { cause: err }),
+        { fallback: openFailure(err) });
     } finally {
       clearTimeout(timer);
     }
@@ -1714,6 +1725,8 @@ export class EloquentStream {
     this.rendered = [];
     this.fellBack = false;
     this.consumed = false;
+    /** Why this stream is not on WebTransport: null, or {reason, message, detail} (fallback.js). */
+    this.fallback = null;
   }
 
   /** Index of the last event rendered, null before the first. */
@@ -1890,9 +1903,15 @@ export class EloquentClient {
     }
     const request = { method, path, body: payload, headers: merged, signal };
     const { transport } = this.options;
-    const remembered = FAILED_ORIGINS.get(this.origin);
-    const skipWT = remembered !== undefined && remembered > Date.now();
-    if (transport === "webtransport" || (transport === "auto" && this.webTransportAvailable() && !skipWT)) {
+    let why = null; // why this stream is not on WebTransport (stays null when the caller asked for SSE)
+    if (transport === "auto") {
+      const remembered = FAILED_ORIGINS.get(this.origin);
+      why = unavailable(this.options.WebTransport ?? globalThis.WebTransport);
+      if (!why && remembered !== undefined && remembered.until > Date.now()) {
+        why = fallback(FallbackReason.REMEMBERED, remembered.fallback.message);
+      }
+    }
+    if (transport === "webtransport" || (transport === "auto" && !why)) {
       try {
         const session = await this.openSession();
         const wt = await new WTRequest(session, request).start();
@@ -1901,11 +1920,14 @@ export class EloquentClient {
         return stream;
       } catch (err) {
         if (transport === "webtransport" || err instanceof HTTPStatusError || isAbort(err, signal)) throw err;
-        FAILED_ORIGINS.set(this.origin, Date.now() + this.options.rememberFailure);
+        why = err.fallback ?? fallback(FallbackReason.SESSION_FAILED, err && err.message);
+        FAILED_ORIGINS.set(this.origin, { until: Date.now() + this.options.rememberFailure, fallback: why });
       }
     }
     const sse = await new SSESource(this, this.sseRequest(request)).open();
-    return new EloquentStream(this, request, { sse });
+    const stream = new EloquentStream(this, request, { sse });
+    stream.fallback = why;
+    return stream;
   }
 
   close() {
