@@ -1210,7 +1210,6 @@ function resumePoint(id) {
 import { FallbackReason, fallback, openFailure, unavailable } from "./fallback.js";
 
 export { FALLBACK_HEADER, FallbackReason } from "./fallback.js";
-export { DELIVERY_HEADER, createEloquentFetch, eloquentFetch } from "./fetch.js";
 
 const FAILED_ORIGINS = new Map(); // origin -> {until (ms), fallback}: WebTransport is not tried again before then
 const DEFAULT_OPTIONS = Object.freeze({
