@@ -7,7 +7,9 @@ against the app ``eloquent serve`` hosts:
   WebTransport datagrams (``eloquent-delivery: datagram``) with the same text as plain ``fetch`` over SSE;
 - with UDP blocked, each completes over SSE and says why (``eloquent-fallback: open-timeout``, logged; the next
   request: ``remembered``);
-- a certificate the browser refuses falls back too, with the browser's reason.
+- a certificate the browser refuses falls back too, with the browser's reason;
+- a page that is not a secure context (``http://`` on a name other than localhost) falls back with
+  ``insecure-context``, and /chat shows it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ OPEN_TRIES = 3
 """A WebTransport handshake whose packets the relay keeps dropping can fail (Chromium gives up after a few lost
 flights): eloquentFetch then falls back, as it should; this test measures the datagram path, so it asks again."""
 FIGURES: dict[str, Any] = {}
+INSECURE_HOST = "eloquent.test"
+"""Resolved to 127.0.0.1 by the browser alone (Chromium's host rules, Firefox's localDomains): an http:// page on it
+is not a secure context, so the browser hides WebTransport."""
 
 
 @dataclass
@@ -68,7 +73,8 @@ def servers() -> Iterator[Servers]:
 @pytest.fixture(scope="module", params=["chromium", "firefox"])
 def page(request: pytest.FixtureRequest) -> Iterator[Any]:
     import websocket  # noqa: F401  (websocket-client, the [test] extra: missing must fail, not skip)
-    browser = Chromium() if request.param == "chromium" else Firefox()
+    browser = (Chromium([f"--host-resolver-rules=MAP {INSECURE_HOST} 127.0.0.1"]) if request.param == "chromium"
+               else Firefox({"network.dns.localDomains": INSECURE_HOST}))
     with browser:
         FIGURES.setdefault("browsers", []).append(browser.version())
         yield browser.new_page()
@@ -145,3 +151,19 @@ def test_a_refused_certificate_falls_back_with_the_browsers_reason(servers: Serv
     assert result["headers"]["eloquent-fallback"] == result["fallback"]["reason"]
     FIGURES.setdefault("certificate", []).append(result["fallback"]["message"])
     print(f"\n{FIGURES['certificate'][-1]}")
+
+
+def test_an_insecure_page_falls_back_and_says_why(servers: Servers, page: Any) -> None:
+    origin = f"http://{INSECURE_HOST}:{servers.server.port}"
+    load(page, origin)
+    assert page.evaluate("isSecureContext") is False
+    result = run(page, "openai", {"webTransportPort": servers.server.udp_port}, 20)
+    assert result["delivery"] == "sse" and result["headers"]["eloquent-fallback"] == "insecure-context", result
+    assert result["logged"][0]["reason"] == "insecure-context"
+    page.navigate(f"{origin}/chat")  # the chat page says it too
+    page.wait_for("window.eloquentChat !== undefined", timeout=30)
+    pane = page.evaluate("window.eloquentChat.run({prompt: 'x', maxTokens: 10, compare: false})", timeout=60)["eloquent"]
+    assert pane["error"] is None and pane["delivery"] == "sse", pane
+    assert pane["fallback"]["reason"] == "insecure-context"
+    shown = page.evaluate("document.querySelector('[data-testid=fallback]').textContent")
+    assert "not a secure context" in shown, shown
