@@ -1,4 +1,4 @@
-// long: one self-contained ES module, so a page loads the whole client with one <script type="module"> (/eloquent/client.js)
+// long: the client in one ES module (it imports only the small fallback.js beside it), so a page loads it with one <script type="module"> (/eloquent/client.js)
 /*
  * Eloquent client for browsers and node >= 20: plain ES module, no build step, no dependencies.
  *
