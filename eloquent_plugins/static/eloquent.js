@@ -1211,10 +1211,12 @@ import { FallbackReason, fallback, openFailure, unavailable } from "./fallback.j
 
 export { FALLBACK_HEADER, FallbackReason } from "./fallback.js";
 
-const FAILED_ORIGINS = new Map(); // origin -> {until (ms), fallback}: WebTransport is not tried again before then
+// origin -> {until (ms), fallback, failures}: WebTransport is not tried again before `until`; each failure in a row
+// doubles the wait (retryAfter, 2x, ... up to rememberFailure), a session that opens forgets them.
+const FAILED_ORIGINS = new Map();
 const DEFAULT_OPTIONS = Object.freeze({
   transport: "auto", headers: {}, sessionPath: "/eloquent/wt", certificateHash: "auto",
-  webTransportTimeout: 1000, webTransportPort: null, rememberFailure: 5 * 60 * 1000, sseFallback: true,
+  webTransportTimeout: 1000, webTransportPort: null, retryAfter: 5000, rememberFailure: 60 * 1000, sseFallback: true,
   resume: true, maxRetries: 8, backoff: 100, limits: null, fetch: null, WebTransport: null,
 });
 const nowSeconds = () => (globalThis.performance ? performance.now() : Date.now()) / 1000;
@@ -1801,7 +1803,8 @@ export class EloquentStream {
  * `new EloquentClient(origin, {transport: "auto" | "webtransport" | "sse", ...})`; `await client.stream(path,
  * body, {headers})` gives an EloquentStream. Options: headers, sessionPath ("/eloquent/wt"), certificateHash
  * ("auto": GET /eloquent/cert-hash; null: the system's trust; a base64 string or bytes), webTransportTimeout (ms),
- * webTransportPort, rememberFailure (ms), sseFallback, resume, maxRetries, backoff (ms), limits, fetch,
+ * webTransportPort, retryAfter / rememberFailure (ms: the first and the longest wait before a failed origin is
+ * tried again), sseFallback, resume, maxRetries, backoff (ms), limits, fetch,
  * WebTransport (both injectable).
  */
 export class EloquentClient {
@@ -1913,6 +1916,7 @@ export class EloquentClient {
     if (transport === "webtransport" || (transport === "auto" && !why)) {
       try {
         const session = await this.openSession();
+        FAILED_ORIGINS.delete(this.origin);
         const wt = await new WTRequest(session, request).start();
         const stream = new EloquentStream(this, request, { wt });
         signal?.addEventListener("abort", () => stream.cancel(), { once: true });
@@ -1920,7 +1924,10 @@ export class EloquentClient {
       } catch (err) {
         if (transport === "webtransport" || err instanceof HTTPStatusError || isAbort(err, signal)) throw err;
         why = err.fallback ?? fallback(FallbackReason.SESSION_FAILED, err && err.message);
-        FAILED_ORIGINS.set(this.origin, { until: Date.now() + this.options.rememberFailure, fallback: why });
+        const failures = (FAILED_ORIGINS.get(this.origin)?.failures ?? 0) + 1;
+        const { retryAfter, rememberFailure } = this.options;
+        const wait = Math.min(rememberFailure, retryAfter * 2 ** (failures - 1));
+        FAILED_ORIGINS.set(this.origin, { until: Date.now() + wait, fallback: why, failures });
       }
     }
     const sse = await new SSESource(this, this.sseRequest(request)).open();

@@ -166,6 +166,37 @@ describe("eloquentFetch: every fallback says why", () => {
     assert.equal(log.sessions.length, 1);
   });
 
+  test("a failed origin is tried again after retryAfter, the wait doubling per failure, reset by a session", async (t) => {
+    t.mock.timers.enable({ apis: ["Date"], now: 1_000_000 }); // the client's clock only: Date.now, moved by tick()
+    const s = await server();
+    const failing = fakeWebTransport(RUNS.acked, { open: "fail" });
+    const options = { WebTransport: failing.FakeWebTransport, retryAfter: 1000, rememberFailure: 3000 };
+    const reason = async (opts = options) => (await fallbackOf(opts, s)).reason;
+    assert.equal(await reason(), E.FallbackReason.HANDSHAKE_FAILED);
+    t.mock.timers.tick(999);
+    assert.equal(await reason(), E.FallbackReason.REMEMBERED);
+    assert.equal(failing.log.sessions.length, 1);
+    t.mock.timers.tick(2); // past 1 s: tried again, fails again, now skipped for 2 s
+    assert.equal(await reason(), E.FallbackReason.HANDSHAKE_FAILED);
+    t.mock.timers.tick(1999);
+    assert.equal(await reason(), E.FallbackReason.REMEMBERED);
+    t.mock.timers.tick(2); // third failure: 4 s, capped at rememberFailure (3 s)
+    assert.equal(await reason(), E.FallbackReason.HANDSHAKE_FAILED);
+    t.mock.timers.tick(2999);
+    assert.equal(await reason(), E.FallbackReason.REMEMBERED);
+    t.mock.timers.tick(2);
+    assert.equal(failing.log.sessions.length, 3);
+    const working = fakeWebTransport(RUNS.acked); // a session that opens forgets the failures
+    const { f } = make({ ...options, WebTransport: working.FakeWebTransport });
+    const response = await f(`${s.origin}/v1/chat/completions`, POST);
+    assert.equal(response.headers.get("eloquent-delivery"), "datagram");
+    await response.text();
+    f.close();
+    assert.equal(await reason(), E.FallbackReason.HANDSHAKE_FAILED);
+    t.mock.timers.tick(1001); // counted from the first wait again
+    assert.equal(await reason(), E.FallbackReason.HANDSHAKE_FAILED);
+  });
+
   test("certificate refused, and a handshake that fails without a reason", async () => {
     const cert = fakeWebTransport(RUNS.acked, { open: "fail", failMessage: "SEC_ERROR_UNKNOWN_ISSUER: certificate not trusted" });
     assert.equal((await fallbackOf({ WebTransport: cert.FakeWebTransport })).reason, E.FallbackReason.CERTIFICATE_REFUSED);
