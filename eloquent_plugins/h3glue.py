@@ -243,18 +243,51 @@ class H3Protocol(QuicConnectionProtocol):
         pass
 
 
+# WebTransport over HTTP/3 (draft-ietf-webtrans-http3) settings of the drafts after draft-02, which aioquic 1.7.2
+# does not know (aioquic issue 644). Each engine looks for its own: Chromium accepts draft-02's
+# ENABLE_WEBTRANSPORT, Safari 26.4+ needs draft-13/14's WT_MAX_SESSIONS (and, as a draft-15 peer, the initial
+# flow-control limits, else it may open no stream). tests/test_webtransport_settings.py pins them.
+SETTINGS_WEBTRANSPORT_MAX_SESSIONS_DRAFT07 = 0xC671706A
+"""draft-07 to -12: ``SETTINGS_WEBTRANSPORT_MAX_SESSIONS``."""
+SETTINGS_WT_MAX_SESSIONS = 0x14E9CD29
+"""draft-13 and -14: ``SETTINGS_WT_MAX_SESSIONS`` (section 9.2), at least 1 for Safari."""
+SETTINGS_WT_ENABLED = 0x2C7CF000
+"""draft-15 and later: ``SETTINGS_WT_ENABLED`` (1: WebTransport on)."""
+SETTINGS_WT_INITIAL_MAX_DATA = 0x2B61
+SETTINGS_WT_INITIAL_MAX_STREAMS_UNI = 0x2B64
+SETTINGS_WT_INITIAL_MAX_STREAMS_BIDI = 0x2B65
+WT_MAX_SESSIONS = 1
+"""One session per connection: a larger value asks the peer for the draft's per-session flow control (draft-14
+section 5), which this server does not implement; a browser opens another connection for another session."""
+WT_INITIAL_LIMIT = 1 << 60
+"""The session's initial stream and data limits: as large as quic-go's, since no per-session flow control runs here
+(QUIC's own connection and stream limits still apply)."""
+
+
+def webtransport_settings() -> dict[int, int]:
+    """The WebTransport settings of the drafts after draft-02, sent beside aioquic's draft-02 ones."""
+    return {SETTINGS_WEBTRANSPORT_MAX_SESSIONS_DRAFT07: WT_MAX_SESSIONS, SETTINGS_WT_MAX_SESSIONS: WT_MAX_SESSIONS,
+            SETTINGS_WT_ENABLED: 1, SETTINGS_WT_INITIAL_MAX_DATA: WT_INITIAL_LIMIT,
+            SETTINGS_WT_INITIAL_MAX_STREAMS_UNI: WT_INITIAL_LIMIT,
+            SETTINGS_WT_INITIAL_MAX_STREAMS_BIDI: WT_INITIAL_LIMIT}
+
+
 class DatagramH3Connection(H3Connection):
     """H3Connection announcing ``SETTINGS_H3_DATAGRAM`` (needs ``max_datagram_frame_size`` in the QUIC
     configuration)."""
 
     def __init__(self, quic: QuicConnection, *, webtransport: bool = False) -> None:
-        """``webtransport``: also announce WebTransport (aioquic's draft-02 ``ENABLE_WEBTRANSPORT``; browsers
-        refuse a session without it) and parse WebTransport streams."""
+        """``webtransport``: also announce WebTransport (aioquic's draft-02 ``ENABLE_WEBTRANSPORT``, which
+        Chromium and Firefox take, and the later drafts' settings, which Safari needs) and parse WebTransport
+        streams."""
+        self._webtransport = webtransport  # before super(): its __init__ sends the SETTINGS frame
         super().__init__(quic, enable_webtransport=webtransport)
 
     def _get_local_settings(self) -> dict[int, int]:
         settings = super()._get_local_settings()
         settings[Setting.H3_DATAGRAM] = 1
+        if self._webtransport:
+            settings.update(webtransport_settings())
         return settings
 
     @property

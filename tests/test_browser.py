@@ -180,17 +180,19 @@ def test_a_mid_stream_udp_outage_resumes_over_sse_exactly_once(stack: Stack) -> 
     assert len(pane["indices"]) == len(result["sse"]["indices"])
 
 
-def test_bench_e2e_browser_row() -> None:
-    """``eloquent bench e2e --browser``: the page as one more client of the lossy relay, scored like the rest."""
+@pytest.mark.parametrize("engine", ["chromium", "firefox"])
+def test_bench_e2e_browser_row(engine: str) -> None:
+    """``eloquent bench e2e --browser``: the page as one more client of the lossy relay, scored like the rest, in
+    Chromium and in Firefox ESR."""
     import asyncio
 
-    from eloquent_plugins.cli.bench.browser import LABEL, browser_row, run_browser
+    from eloquent_plugins.cli.bench.browser import LABELS, browser_row, run_browser
     from eloquent_plugins.cli.harness import Conditions, E2EResult, Workload
 
     conditions, workload = Conditions(loss=0.10, burst=2.0, rtt=0.1, seed=2), Workload(requests=1, max_tokens=40,
                                                                                       ttft=0.05, tpot=0.02)
-    streams, references = asyncio.run(run_browser(conditions, workload))
+    streams, references = asyncio.run(run_browser(conditions, workload, engine))
     main = E2EResult(conditions, workload, min_delay=conditions.one_way)
-    row = browser_row(main, streams, references)
-    assert LABEL in row and "1/1" in row and "identical" in row, row
+    row = browser_row(main, streams, references, LABELS[engine])
+    assert LABELS[engine] in row and "1/1" in row and "identical" in row, row
     assert streams[0].delivery == "webtransport" and len(streams[0].generated) == len(streams[0].rendered)

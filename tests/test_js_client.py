@@ -62,8 +62,12 @@ def test_node_tests_pass_against_vectors_and_a_real_server() -> None:
 
 
 def test_the_package_ships_the_one_copy_of_the_client() -> None:
-    shipped = files("eloquent_plugins") / "static" / "eloquent.js"
+    static = files("eloquent_plugins") / "static"
+    shipped = static / "eloquent.js"
     assert shipped.is_file() and "export class EloquentClient" in shipped.read_text(encoding="utf-8")
-    assert 'from "../../eloquent_plugins/static/eloquent.js"' in (ROOT / "client/js/eloquent.js").read_text()
+    entry = (static / "client.js").read_text(encoding="utf-8")  # /eloquent/client.js: the client and eloquentFetch
+    assert 'from "./eloquent.js"' in entry and 'from "./fetch.js"' in entry
+    assert "export function createEloquentFetch" in (static / "fetch.js").read_text(encoding="utf-8")
+    assert 'from "../../eloquent_plugins/static/client.js"' in (ROOT / "client/js/eloquent.js").read_text()
     package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert "static/*.js" in package_data["eloquent_plugins"]

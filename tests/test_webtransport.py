@@ -236,7 +236,13 @@ async def test_cert_hash_client_js_and_chat_are_served(cache, tmp_path) -> None:
         assert document == {"algorithm": "sha-256", "value": base64.b64encode(hashlib.sha256(der).digest()).decode()}
         js = await client.get("/eloquent/client.js")
         assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
-        assert "export class EloquentClient" in js.text
+        assert 'export * from "./eloquent.js"' in js.text and 'export * from "./fetch.js"' in js.text  # the entry
+        for module, marker in (("eloquent.js", "export class EloquentClient"),
+                               ("fetch.js", "export function createEloquentFetch"),
+                               ("fallback.js", "export const FallbackReason")):
+            served = await client.get(f"/eloquent/{module}")  # what the entry imports, beside it
+            assert served.status_code == 200 and served.headers["content-type"].startswith("text/javascript")
+            assert marker in served.text, module
         page = await client.get("/chat")
         assert page.status_code == 200 and 'from "/eloquent/client.js"' in page.text
         assert (await client.get("/v1/models")).status_code == 200  # everything else reaches the app

@@ -1,4 +1,4 @@
-// long: one self-contained ES module, so a page loads the whole client with one <script type="module"> (/eloquent/client.js)
+// long: the client in one ES module (it imports only the small fallback.js beside it), so a page loads it with one <script type="module"> (/eloquent/client.js)
 /*
  * Eloquent client for browsers and node >= 20: plain ES module, no build step, no dependencies.
  *
@@ -1210,10 +1210,16 @@ function resumePoint(id) {
 }
 
 // ============================================================================================== client
-const FAILED_ORIGINS = new Map(); // origin -> time (ms) until which WebTransport is not tried again
+import { FallbackReason, fallback, openFailure, unavailable } from "./fallback.js";
+
+export { FALLBACK_HEADER, FallbackReason } from "./fallback.js";
+
+// origin -> {until (ms), fallback, failures}: WebTransport is not tried again before `until`; each failure in a row
+// doubles the wait (retryAfter, 2x, ... up to rememberFailure), a session that opens forgets them.
+const FAILED_ORIGINS = new Map();
 const DEFAULT_OPTIONS = Object.freeze({
   transport: "auto", headers: {}, sessionPath: "/eloquent/wt", certificateHash: "auto",
-  webTransportTimeout: 1000, webTransportPort: null, rememberFailure: 5 * 60 * 1000, sseFallback: true,
+  webTransportTimeout: 1000, webTransportPort: null, retryAfter: 5000, rememberFailure: 60 * 1000, sseFallback: true,
   resume: true, maxRetries: 8, backoff: 100, limits: null, fetch: null, WebTransport: null,
 });
 const nowSeconds = () => (globalThis.performance ? performance.now() : Date.now()) / 1000;
@@ -1423,26 +1429,32 @@ class SSESource {
 class WTSession {
   static async open(client, url, hashes) {
     const WT = client.options.WebTransport ?? globalThis.WebTransport;
-    if (typeof WT !== "function") throw new ClientError("WebTransport is not available here");
+    const why = unavailable(WT);
+    if (why) throw Object.assign(new ClientError(`WebTransport is not available here: ${why.message}`), { fallback: why });
     const init = hashes ? { serverCertificateHashes: hashes } : {};
     let wt;
     try {
       wt = new WT(url, init);
     } catch (err) {
-      throw new ClientError(`WebTransport to ${url} failed: ${err && err.message}`, { cause: err });
+      throw Object.assign(new ClientError(`WebTransport to ${url} failed: ${err && err.message}`, { cause: err }),
+        { fallback: openFailure(err) });
     }
     Promise.resolve(wt.ready).catch(() => {}); // observed below; keeps a late rejection from going unhandled
     Promise.resolve(wt.closed).catch(() => {});
     let timer;
     const timeout = new Promise((_, reject) => {
-      timer = setTimeout(() => reject(new ClientError(`WebTransport session to ${url} not ready within ${client.options.webTransportTimeout} ms`)),
-        client.options.webTransportTimeout);
+      timer = setTimeout(() => {
+        const err = new ClientError(`WebTransport session to ${url} not ready within ${client.options.webTransportTimeout} ms`);
+        reject(Object.assign(err, { fallback: openFailure(err, { timedOut: true }) }));
+      }, client.options.webTransportTimeout);
     });
     try {
       await Promise.race([wt.ready, timeout]);
     } catch (err) {
       try { wt.close(); } catch { /* already closed */ }
-      throw err instanceof ClientError ? err : new ClientError(`WebTransport to ${url} failed: ${err && err.message}`, { cause: err });
+      if (err instanceof ClientError) throw err;
+      throw Object.assign(new ClientError(`WebTransport to ${url} failed: ${err && err.message}`, { cause: err }),
+        { fallback: openFailure(err) });
     } finally {
       clearTimeout(timer);
     }
@@ -1717,6 +1729,8 @@ export class EloquentStream {
     this.rendered = [];
     this.fellBack = false;
     this.consumed = false;
+    /** Why this stream is not on WebTransport: null, or {reason, message, detail} (fallback.js). */
+    this.fallback = null;
   }
 
   /** Index of the last event rendered, null before the first. */
@@ -1792,7 +1806,8 @@ export class EloquentStream {
  * `new EloquentClient(origin, {transport: "auto" | "webtransport" | "sse", ...})`; `await client.stream(path,
  * body, {headers})` gives an EloquentStream. Options: headers, sessionPath ("/eloquent/wt"), certificateHash
  * ("auto": GET /eloquent/cert-hash; null: the system's trust; a base64 string or bytes), webTransportTimeout (ms),
- * webTransportPort, rememberFailure (ms), sseFallback, resume, maxRetries, backoff (ms), limits, fetch,
+ * webTransportPort, retryAfter / rememberFailure (ms: the first and the longest wait before a failed origin is
+ * tried again), sseFallback, resume, maxRetries, backoff (ms), limits, fetch,
  * WebTransport (both injectable).
  */
 export class EloquentClient {
@@ -1893,22 +1908,35 @@ export class EloquentClient {
     }
     const request = { method, path, body: payload, headers: merged, signal };
     const { transport } = this.options;
-    const remembered = FAILED_ORIGINS.get(this.origin);
-    const skipWT = remembered !== undefined && remembered > Date.now();
-    if (transport === "webtransport" || (transport === "auto" && this.webTransportAvailable() && !skipWT)) {
+    let why = null; // why this stream is not on WebTransport (stays null when the caller asked for SSE)
+    if (transport === "auto") {
+      const remembered = FAILED_ORIGINS.get(this.origin);
+      why = unavailable(this.options.WebTransport ?? globalThis.WebTransport);
+      if (!why && remembered !== undefined && remembered.until > Date.now()) {
+        why = fallback(FallbackReason.REMEMBERED, remembered.fallback.message);
+      }
+    }
+    if (transport === "webtransport" || (transport === "auto" && !why)) {
       try {
         const session = await this.openSession();
+        FAILED_ORIGINS.delete(this.origin);
         const wt = await new WTRequest(session, request).start();
         const stream = new EloquentStream(this, request, { wt });
         signal?.addEventListener("abort", () => stream.cancel(), { once: true });
         return stream;
       } catch (err) {
         if (transport === "webtransport" || err instanceof HTTPStatusError || isAbort(err, signal)) throw err;
-        FAILED_ORIGINS.set(this.origin, Date.now() + this.options.rememberFailure);
+        why = err.fallback ?? fallback(FallbackReason.SESSION_FAILED, err && err.message);
+        const failures = (FAILED_ORIGINS.get(this.origin)?.failures ?? 0) + 1;
+        const { retryAfter, rememberFailure } = this.options;
+        const wait = Math.min(rememberFailure, retryAfter * 2 ** (failures - 1));
+        FAILED_ORIGINS.set(this.origin, { until: Date.now() + wait, fallback: why, failures });
       }
     }
     const sse = await new SSESource(this, this.sseRequest(request)).open();
-    return new EloquentStream(this, request, { sse });
+    const stream = new EloquentStream(this, request, { sse });
+    stream.fallback = why;
+    return stream;
   }
 
   close() {

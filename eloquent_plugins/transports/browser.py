@@ -1,6 +1,8 @@
 """What a browser page needs from the server, as an ASGI wrapper around the served app (docs/BROWSER.md):
 
-- ``GET /eloquent/client.js``: the JavaScript client (package data ``eloquent_plugins/static/eloquent.js``);
+- ``GET /eloquent/client.js``: the JavaScript client's entry module (package data ``eloquent_plugins/static/``:
+  ``client.js`` re-exports ``eloquent.js``, the client, and ``fetch.js``, ``eloquentFetch``), and the modules it
+  imports beside it (``/eloquent/eloquent.js``, ``/eloquent/fetch.js``, ``/eloquent/fallback.js``);
 - ``GET /eloquent/cert-hash``: ``{"algorithm": "sha-256", "value": <base64>}``, the SHA-256 of the HTTP/3 front
   end's certificate, for WebTransport's ``serverCertificateHashes``. Only for a certificate browsers accept that
   way (ECDSA P-256, at most 14 days: the development one); otherwise 404 and the page uses the system's trust;
@@ -23,6 +25,10 @@ from eloquent_plugins.transports.http3.certs import cert_hash_document, configur
 log = logging.getLogger("eloquent_plugins.transports.browser")
 
 CLIENT_PATH = "/eloquent/client.js"
+MODULES = {CLIENT_PATH: "client.js", "/eloquent/eloquent.js": "eloquent.js", "/eloquent/fetch.js": "fetch.js",
+           "/eloquent/fallback.js": "fallback.js"}
+"""The client's ES modules by path. client.js, the entry, re-exports eloquent.js and fetch.js; they import each
+other relatively (``./eloquent.js``), so each is one module instance however a page reaches it."""
 CERT_HASH_PATH = "/eloquent/cert-hash"
 CHAT_PATH = "/chat"
 _STATIC = Path(__file__).resolve().parents[1] / "static"
@@ -50,8 +56,9 @@ class BrowserRoutes:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] in ("GET", "HEAD"):
             path = scope["path"]
-            if path == CLIENT_PATH:
-                await self._file(scope, send, "eloquent.js", b"text/javascript; charset=utf-8")
+            module = MODULES.get(path)
+            if module is not None:
+                await self._file(scope, send, module, b"text/javascript; charset=utf-8")
                 return
             if path == CERT_HASH_PATH:
                 await self._cert_hash(scope, send)

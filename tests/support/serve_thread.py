@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -25,8 +26,10 @@ def _free_tcp_port() -> int:
 
 class ServeThread:
     def __init__(self, *, config: StreamConfig | None = None, options: FrontEndOptions | None = None,
-                 engine: dict[str, Any] | None = None) -> None:
+                 engine: dict[str, Any] | None = None, wrap: Callable[[Any], Any] | None = None) -> None:
+        """``wrap``: an ASGI wrapper around the app on TCP only (pages a test serves beside it)."""
         self.config = config or StreamConfig()
+        self.wrap = wrap
         self.options = options or FrontEndOptions(record_timings=True)
         self.engine = engine or {"ttft": 0.05, "tpot": 0.02}
         self.port = _free_tcp_port()
@@ -55,7 +58,8 @@ class ServeThread:
             app = build_app(self.config, create_plugin_manager(), engine_options=self.engine)
             self.h3 = await start_http3_server(app, host="127.0.0.1", port=0, config=self.config,
                                                options=self.options)
-            self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
+            tcp_app = self.wrap(app) if self.wrap is not None else app
+            self._server = uvicorn.Server(uvicorn.Config(tcp_app, host="127.0.0.1", port=self.port,
                                                          log_level="warning", lifespan="off"))
             serving = asyncio.ensure_future(self._server.serve())
             while not self._server.started and not serving.done():

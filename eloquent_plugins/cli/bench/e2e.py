@@ -132,8 +132,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the bottleneck's drop-tail queue in KiB (default: %(default)s)")
     parser.add_argument("--redundancy", choices=("off", "adaptive"), default=None,
                         help="the datagram senders' SenderConfig.redundancy (default: the sender's default)")
-    parser.add_argument("--browser", action="store_true", help="add a row for the browser client: headless "
-                        "Chromium (Debian's chromium; websocket-client) running /chat over WebTransport")
+    parser.add_argument("--browser", nargs="?", const="all", default=None, choices=("all", "chromium", "firefox"),
+                        help="add a row per browser engine (all: both; default when given alone): headless Chromium "
+                        "(Debian's chromium, DevTools) and Firefox ESR (firefox-esr, WebDriver BiDi) running /chat "
+                        "over WebTransport; needs websocket-client")
     timeline.add_arguments(parser)
     add_progress(parser)
 
@@ -175,9 +177,10 @@ def run(args: argparse.Namespace) -> int:
                                  redundancy=args.redundancy))
     print(format_table(result))
     if args.browser:
-        from eloquent_plugins.cli.bench.browser import browser_table_row
+        from eloquent_plugins.cli.bench.browser import ENGINES, browser_table_row
 
-        print("\n" + browser_table_row(result))
+        for engine in ENGINES if args.browser == "all" else (args.browser,):
+            print("\n" + browser_table_row(result, engine))
     timeline.report(args, result, floor)
     if floor is not None:
         corrected = above_floor(result, floor)
