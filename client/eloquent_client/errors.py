@@ -20,6 +20,9 @@ class ClientError(EloquentError):
 class ConnectError(ClientError):
     """No connection could be made (no answer within the timeout, refused, unreachable)."""
 
+    answered = False
+    """HTTP/3: the server sent something before the handshake failed (a lossy path, not a blocked one)."""
+
 
 class TLSVerificationError(ConnectError):
     """The server's certificate was refused: ``reason`` says why (``fix`` how to get past it legitimately)."""
