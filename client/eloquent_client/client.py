@@ -58,6 +58,14 @@ from eloquent_client.response import Response, ResponseStream, StreamState
 
 Transport = Literal["auto", "eloquent", "h3-stream", "sse"]
 TRANSPORTS = ("auto", "eloquent", "h3-stream", "sse")
+HANDSHAKES = 3
+HANDSHAKE_AGAIN = 0.5
+"""``auto``: a fresh QUIC handshake is started beside the first every this many seconds, ``HANDSHAKES`` in all."""
+MAX_MOVES = 4
+"""Moves to datagrams one stream may make (``_should_move``)."""
+MOVE_AFTER = 0.25
+"""Seconds a try on the HTTP/3 request stream runs before it moves to datagrams (the server's view of the
+client's SETTINGS catches up within a retransmission)."""
 _RESUMABLE = (StreamBroken, IncompleteStream)
 """What ends a try but not the stream: a cut (or a body that ended early) of a resumable stream."""
 
@@ -147,9 +155,9 @@ class EloquentClient:
                 conn = self._h3 = await self._connect_h3(self.h3_port)
             return conn
 
-    async def _connect_h3(self, port: int) -> Http3ClientConnection:
+    async def _connect_h3(self, port: int, timeout: float | None = None) -> Http3ClientConnection:
         conn = await Http3ClientConnection.connect(
-            self._host, port, verify=self.verify, timeout=self.timeout, limits=self.limits,
+            self._host, port, verify=self.verify, timeout=timeout or self.timeout, limits=self.limits,
             idle_timeout=self.quic_idle_timeout, stream_idle_timeout=self.stream_idle_timeout)
         conn.abort_unanswered = self.transport == "auto"
         return conn
@@ -174,7 +182,7 @@ class EloquentClient:
 
     async def _handshake(self, port: int) -> Http3ClientConnection:
         try:
-            conn = await self._connect_h3(port)
+            conn = await self._handshakes(port)
         except TLSVerificationError as exc:
             self._tls_error = exc
             raise
@@ -190,6 +198,46 @@ class EloquentClient:
             await self._h3.close()
         self._h3 = conn
         return conn
+
+    async def _handshakes(self, port: int) -> Http3ClientConnection:
+        """``auto``'s handshake, with a fresh one started beside it every ``HANDSHAKE_AGAIN`` seconds while none
+        is up (at most ``HANDSHAKES``): a lost Initial costs aioquic a doubling retransmission timer (0.2, 0.4,
+        0.8 s, ...), a fresh connection (its own socket, its own Initial) does not wait for it. The first up wins;
+        the error is the last one's, ``answered`` if any of them heard back."""
+        deadline = time.monotonic() + self.timeout
+        running: set[asyncio.Task[Http3ClientConnection]] = set()
+        answered = False
+        error: ConnectError | None = None
+        started = 0
+        try:
+            while True:
+                if started < HANDSHAKES and time.monotonic() < deadline:
+                    connect = self._connect_h3(port, timeout=max(deadline - time.monotonic(), 0.01))
+                    running.add(asyncio.ensure_future(connect))
+                    started += 1
+                if not running:
+                    assert error is not None
+                    error.answered = answered
+                    raise error
+                done, running = await asyncio.wait(running, timeout=HANDSHAKE_AGAIN,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    failure = task.exception()
+                    if failure is None:
+                        return task.result()
+                    if isinstance(failure, TLSVerificationError):
+                        raise failure
+                    if not isinstance(failure, ConnectError):
+                        raise failure
+                    answered = answered or failure.answered
+                    error = failure
+        finally:
+            for task in running:
+                task.cancel()
+            for task in running:
+                with contextlib.suppress(BaseException):
+                    late = await task  # one that came up as another won: closed, not leaked
+                    await late.close()
 
     async def _h3_up(self) -> Http3ClientConnection | None:
         """The HTTP/3 connection to use now, or None for TCP: under ``auto`` QUIC gets ``h3_probe_timeout`` of
@@ -354,9 +402,15 @@ class EloquentClient:
             await asyncio.sleep(min(0.05 * 2 ** failures, 1.0))
 
     def _should_move(self, attempt: Attempt, state: StreamState, event: Any) -> bool:
-        """A stream that began on TCP moves to datagrams once QUIC is up (``auto``, resumable streams)."""
-        return (attempt.delivery == "sse" and self.transport == "auto" and self.resume and state.token is not None
-                and self._h3_up_now() is not None and event.kind == "data" and event.data != "[DONE]")
+        """A stream that began on TCP moves to datagrams once QUIC is up (``auto``, resumable streams). So does one
+        the server put on the HTTP/3 request stream although it asked for datagrams: the request overtook the
+        client's SETTINGS (lost, not yet retransmitted), so the server did not know datagrams were welcome; it
+        knows a moment later (``MOVE_AFTER``)."""
+        if (self.transport != "auto" or not self.resume or state.token is None or state.moves >= MAX_MOVES
+                or event.kind != "data" or event.data == "[DONE]" or self._h3_up_now() is None):
+            return False
+        return attempt.delivery == "sse" or (attempt.delivery == "h3-stream"
+                                             and time.monotonic() - state.since >= MOVE_AFTER)
 
     async def _events(self, state: StreamState, method: str, path: str, body: bytes,
                       merged: dict[str, str]) -> AsyncIterator[Any]:
@@ -379,6 +433,7 @@ class EloquentClient:
                         break
                 if not moving:
                     return
+                state.moves += 1
                 cause: object = "moving over to HTTP/3 datagrams"
             except _RESUMABLE as exc:
                 if not self.resume or state.token is None:
