@@ -1,3 +1,5 @@
+# long: one stream across its paths (the TCP/QUIC race, the move to datagrams, resume) is one piece of logic;
+# its parts live in attempts.py, handshakes.py and paths.py
 """``EloquentClient`` (async; ``AsyncEloquentClient`` is the same class): one API over every way of taking the
 same streaming request.
 
@@ -51,6 +53,7 @@ from eloquent_client.errors import (
     StreamBroken,
     TLSVerificationError,
 )
+from eloquent_client.handshakes import handshakes
 from eloquent_client.http3 import Http3ClientConnection
 from eloquent_client.pacing import Pacing
 from eloquent_client.paths import DEFAULT_UDP_RETRY_AFTER, SHARED, PathMemory
@@ -58,9 +61,6 @@ from eloquent_client.response import Response, ResponseStream, StreamState
 
 Transport = Literal["auto", "eloquent", "h3-stream", "sse"]
 TRANSPORTS = ("auto", "eloquent", "h3-stream", "sse")
-HANDSHAKES = 3
-HANDSHAKE_AGAIN = 0.5
-"""``auto``: a fresh QUIC handshake is started beside the first every this many seconds, ``HANDSHAKES`` in all."""
 MAX_MOVES = 4
 """Moves to datagrams one stream may make (``_should_move``)."""
 MOVE_AFTER = 0.25
@@ -182,7 +182,7 @@ class EloquentClient:
 
     async def _handshake(self, port: int) -> Http3ClientConnection:
         try:
-            conn = await self._handshakes(port)
+            conn = await handshakes(lambda timeout: self._connect_h3(port, timeout), self.timeout)
         except TLSVerificationError as exc:
             self._tls_error = exc
             raise
@@ -198,46 +198,6 @@ class EloquentClient:
             await self._h3.close()
         self._h3 = conn
         return conn
-
-    async def _handshakes(self, port: int) -> Http3ClientConnection:
-        """``auto``'s handshake, with a fresh one started beside it every ``HANDSHAKE_AGAIN`` seconds while none
-        is up (at most ``HANDSHAKES``): a lost Initial costs aioquic a doubling retransmission timer (0.2, 0.4,
-        0.8 s, ...), a fresh connection (its own socket, its own Initial) does not wait for it. The first up wins;
-        the error is the last one's, ``answered`` if any of them heard back."""
-        deadline = time.monotonic() + self.timeout
-        running: set[asyncio.Task[Http3ClientConnection]] = set()
-        answered = False
-        error: ConnectError | None = None
-        started = 0
-        try:
-            while True:
-                if started < HANDSHAKES and time.monotonic() < deadline:
-                    connect = self._connect_h3(port, timeout=max(deadline - time.monotonic(), 0.01))
-                    running.add(asyncio.ensure_future(connect))
-                    started += 1
-                if not running:
-                    assert error is not None
-                    error.answered = answered
-                    raise error
-                done, running = await asyncio.wait(running, timeout=HANDSHAKE_AGAIN,
-                                                   return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    failure = task.exception()
-                    if failure is None:
-                        return task.result()
-                    if isinstance(failure, TLSVerificationError):
-                        raise failure
-                    if not isinstance(failure, ConnectError):
-                        raise failure
-                    answered = answered or failure.answered
-                    error = failure
-        finally:
-            for task in running:
-                task.cancel()
-            for task in running:
-                with contextlib.suppress(BaseException):
-                    late = await task  # one that came up as another won: closed, not leaked
-                    await late.close()
 
     async def _h3_up(self) -> Http3ClientConnection | None:
         """The HTTP/3 connection to use now, or None for TCP: under ``auto`` QUIC gets ``h3_probe_timeout`` of
