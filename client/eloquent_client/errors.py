@@ -28,6 +28,8 @@ class TLSVerificationError(ConnectError):
     """The server's certificate was refused: ``reason`` says why (``fix`` how to get past it legitimately)."""
 
     def __init__(self, host: str, port: int, reason: str) -> None:
+        self.host = host
+        self.port = port
         self.reason = reason
         self.fix = (f"pass verify=False (development only), or verify=<path of the server's certificate or CA>; "
                     f"for `eloquent serve`'s development certificate that is {dev_certificate_path()}")
