@@ -157,3 +157,31 @@ def test_blocked_path_is_retried_after_seconds_backing_off() -> None:
     assert not memory.is_broken("h", 1, now=DEFAULT_UDP_RETRY_AFTER + 1)
     memory.mark_working("h", 1)
     assert memory.mark_broken("h", 1, now=100.0) == UDP_RETRY_FIRST  # it worked since: the backoff starts over
+
+
+@pytest.mark.parametrize("value", ['h3=":²"', 'h3=":٨٠٨٠"', 'h3=":8443"; ma=²', 'h3=":８４４３"', 'h3=":0"',
+                                   'h3=":99999"', 'h3="host"', 'h2=":8443"'])
+def test_alt_svc_parser_takes_ascii_digits_only(value: str) -> None:
+    """Non-ASCII digits (which ``str.isdigit`` and ``\\d`` accept) are a malformed value, not a ``ValueError``."""
+    from eloquent_client.paths import parse_alt_svc
+
+    service = parse_alt_svc(value)
+    if "ma=" in value:  # the port is fine, the max-age is not: ignored (the default age), never an error
+        assert service is not None and service.port == 8443 and service.max_age == 86400.0
+    else:
+        assert service is None
+    memory = PathMemory()
+    memory.learn("http://h:80", value)  # what the client does with every response's header: no exception
+    assert memory.h3_port("http://h:80") == (8443 if "ma=" in value else None)
+
+
+def test_the_client_has_a_version() -> None:
+    import importlib.metadata
+
+    import eloquent_client
+
+    import eloquent_plugins
+
+    assert eloquent_client.__version__ == importlib.metadata.version("eloquent-plugins")
+    assert eloquent_client.__version__ == eloquent_plugins.__version__
+    assert "__version__" in eloquent_client.__all__
