@@ -22,6 +22,7 @@ import httpx
 import httpx2
 import pytest
 from eloquent_client import AsyncEloquentTransport, EloquentTransport, PathMemory
+from eloquent_client.sync import LoopThread
 from httpx_sse import aconnect_sse
 
 from eloquent_plugins.sim.netem import PathConfig
@@ -88,15 +89,19 @@ async def test_openai_async_chat_and_completions_over_lossy_datagrams(served: Se
     assert relay.stats.downstream.dropped + relay.stats.upstream.dropped > 0  # the link really lost packets
 
 
-def test_openai_sync_chat_and_completions_over_lossy_datagrams(served: Served) -> None:
+def relay_beside(served: Served, seed: int) -> tuple[LoopThread, Relay]:
+    """A lossy relay on a loop thread of its own (a sync test has no running loop)."""
+
     async def start() -> Relay:
         return await start_relay(RelayConfig(target=("127.0.0.1", served.udp_port), upstream=LOSSY,
-                                             downstream=LOSSY, seed=8))
+                                             downstream=LOSSY, seed=seed))
 
-    from eloquent_client.sync import LoopThread
+    portal = LoopThread("relay")
+    return portal, portal.run(start())
 
-    portal = LoopThread("relay")  # the relay needs a running loop beside this sync test
-    relay = portal.run(start())
+
+def test_openai_sync_chat_and_completions_over_lossy_datagrams(served: Served) -> None:
+    portal, relay = relay_beside(served, seed=8)
     seen: list[str] = []
     http = httpx.Client(transport=EloquentTransport(**transport_options(relay)))
     delivery_seen(http, seen)
@@ -193,14 +198,7 @@ async def test_openai3_async_over_httpx2_transport_streaming_and_not(served: Ser
 def test_openai3_sync_over_httpx2_transport_streaming_and_not(served: Served) -> None:
     chats, completion_text = plain_answers(served, PROMPTS)
 
-    async def start() -> Relay:
-        return await start_relay(RelayConfig(target=("127.0.0.1", served.udp_port), upstream=LOSSY,
-                                             downstream=LOSSY, seed=9))
-
-    from eloquent_client.sync import LoopThread
-
-    portal = LoopThread("relay")  # the relay needs a running loop beside this sync test
-    relay = portal.run(start())
+    portal, relay = relay_beside(served, seed=9)
     seen: list[str] = []
     http = openai.DefaultHttpxClient(transport=EloquentTransport(**transport_options(relay)))
     assert isinstance(http, httpx2.Client)
