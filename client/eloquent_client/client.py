@@ -333,6 +333,8 @@ class EloquentClient:
             return await over_h3(conn)
         except BaseException:
             sse.cancel()
+            if sse.done() and not sse.cancelled() and sse.exception() is None and sse.result() is not None:
+                await sse.result().aclose()  # type: ignore[union-attr]  # TCP answered, the caller gets the error
             raise
         if attempt is not None:
             self._learn(attempt.headers)
