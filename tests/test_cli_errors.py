@@ -175,3 +175,17 @@ def test_unreachable_redis_and_upstream_warn_and_serve() -> None:
     assert len(warnings) == 2, text
     assert any(f"resume store redis://127.0.0.1:{dead}/0 " in w for w in warnings), text
     assert any(f"upstream tgi=http://127.0.0.1:{dead} does not answer" in w for w in warnings), text
+
+
+# ---- a refused certificate: one line naming this command's flags ------------------------------------------------
+
+def test_chat_tls_refusal_names_insecure_and_cafile(tmp_path: Path) -> None:
+    """``eloquent serve``'s self-signed development certificate, not trusted: exactly one line on stderr (aioquic's
+    own log line is not printed above it) that says --insecure / --cafile, not the Python client's ``verify=``."""
+    from tests.support.client_servers import eloquent_serve
+
+    with eloquent_serve(certs=str(tmp_path)) as served:
+        proc = eloquent("chat", "--url", f"https://127.0.0.1:{served.port}", "--transport", "eloquent",
+                        "--h3-port", str(served.udp_port), "--timeout", "10", "hi")
+    line = one_line_error(proc, "TLS verification of 127.0.0.1", "--insecure", "--cafile")
+    assert "verify=" not in line and "dev-cert.pem" in line

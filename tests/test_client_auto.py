@@ -24,8 +24,10 @@ from eloquent_plugins.sim.netem import Outage
 from eloquent_plugins.sim.udp_relay import Relay, RelayConfig, start_relay
 from tests.support.client_servers import CHAT, Served, chat_body, eloquent_serve
 from tests.support.servers import free_port
+from tests.support.streams import wait_until
 
 FIRST_TOKEN_WITHIN = 3.0
+HANDSHAKE_GIVES_UP = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -79,21 +81,28 @@ async def _fallback_and_memory(served: Served, relay: Relay | None, monkeypatch:
     counter = ConnectCounter(monkeypatch)
     memory = PathMemory()
     expected = served.text("Tell me about blocked ports.")
-    async with EloquentClient(served.http, verify=False, h3_port=udp_port, path_memory=memory) as client:
+    # timeout: how long the handshake, racing TCP in the background, may go unanswered before the path counts as
+    # blocked (short here, so the test need not wait 30 s).
+    async with EloquentClient(served.http, verify=False, h3_port=udp_port, path_memory=memory,
+                              timeout=HANDSHAKE_GIVES_UP) as client:
         assert client.transport == "auto"  # the default
         first, text, delivery = await first_token_and_text(client, "Tell me about blocked ports.")
         assert (text, delivery) == (expected, "sse") and first < FIRST_TOKEN_WITHIN
-        assert counter.count == 1 and memory.is_broken("127.0.0.1", udp_port)
+        await wait_until(lambda: memory.is_broken("127.0.0.1", udp_port), "the unanswered path marked blocked",
+                         timeout=HANDSHAKE_GIVES_UP + 30)
+        handshakes = counter.count
+        assert 1 <= handshakes <= 3  # one handshake, with fresh ones beside it while unanswered (HANDSHAKES)
         probes = relay.stats.upstream.received if relay is not None else 0
         first, text, delivery = await first_token_and_text(client, "Tell me about blocked ports.")
         assert (text, delivery) == (expected, "sse") and first < 1.0
-        assert counter.count == 1  # the failed path was remembered: no second probe
+        assert counter.count == handshakes  # the blocked path was remembered: no second handshake
         if relay is not None:
             assert relay.stats.upstream.received == probes and probes > 0
     # Another client in the same process shares the memory (as a browser's tabs do).
-    async with EloquentClient(served.http, verify=False, h3_port=udp_port, path_memory=memory) as client:
+    async with EloquentClient(served.http, verify=False, h3_port=udp_port, path_memory=memory,
+                              timeout=HANDSHAKE_GIVES_UP) as client:
         assert (await first_token_and_text(client, "Tell me about blocked ports."))[2] == "sse"
-        assert counter.count == 1
+        assert counter.count == handshakes
 
 
 async def test_auto_learns_the_udp_port_from_alt_svc(served: Served) -> None:

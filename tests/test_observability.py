@@ -92,6 +92,15 @@ async def test_every_path_is_counted_and_logged_once_in_one_format(served: Serve
         assert (await client.get(f"{http}{METRICS_PATH}")).text.count("eloquent_sse_streams_started_total{") == 3
     started = samples(exposition, "eloquent_sse_streams_started_total")
     assert started == {'transport="sse"': 1.0, 'transport="h3-stream"': 1.0, 'transport="datagram"': 1.0}
+    # Issue 26: the names say nothing of SSE (a datagram stream is not one) and the histograms carry the transport;
+    # the names of before stay as aliases (histograms over every transport).
+    assert samples(exposition, "eloquent_streams_started_total") == started
+    for histogram in ("time_to_first_token_seconds", "time_per_output_token_seconds", "inter_event_gap_seconds"):
+        counts = samples(exposition, f"eloquent_{histogram}_count")
+        assert set(counts) == set(started), (histogram, counts)
+        assert all(v > 0 for v in counts.values()), counts
+        assert samples(exposition, f"eloquent_sse_{histogram}_count") == {"": sum(counts.values())}
+    assert samples(exposition, "eloquent_events_total") == samples(exposition, "eloquent_sse_events_total")
 
     lines = served.stop()
     by_probe: dict[str, list[re.Match[str]]] = {}

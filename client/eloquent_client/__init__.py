@@ -3,14 +3,17 @@ plain SSE over TCP -- ``transport="auto"`` picks HTTP/3 when UDP answers and fal
 across cuts, render times recorded and optional reading-pace pacing.
 
 * ``EloquentClient`` (= ``AsyncEloquentClient``) and ``SyncEloquentClient``: the client API.
-* ``AsyncEloquentTransport`` / ``EloquentTransport``: httpx transports, so httpx-based code (the openai SDK,
-  httpx-sse) gets the same delivery: ``httpx.AsyncClient(transport=AsyncEloquentTransport(verify=False))``.
+* ``AsyncEloquentTransport`` / ``EloquentTransport``: httpx transports, for both ``httpx`` and ``httpx2``, so
+  httpx-based code (the openai SDK 3.x on httpx2, older SDKs on httpx, httpx-sse) gets the same delivery:
+  ``openai.DefaultAsyncHttpxClient(transport=AsyncEloquentTransport(verify=False))``.
 
 Errors: every exception class the client defines derives from ``ClientError``: ``ConnectError`` (and
 ``TLSVerificationError``), ``HTTPStatusError`` (and ``ResumeRefused``), ``StreamBroken``, ``IncompleteStream``,
 ``StreamFailed``; the same on every path. Besides those: ``ConfigError`` for bad arguments and the core's
 ``ProtocolError`` when a server breaks the Eloquent control records.
 """
+
+from importlib.metadata import PackageNotFoundError, version
 
 from eloquent_client.client import TRANSPORTS, AsyncEloquentClient, EloquentClient, Transport
 from eloquent_client.errors import (
@@ -32,8 +35,14 @@ from eloquent_client.paths import PathMemory
 from eloquent_client.response import Response, ResponseStream
 from eloquent_client.sync import SyncEloquentClient, SyncResponseStream
 
+try:
+    __version__ = version("eloquent-plugins")
+    """The distribution's version (the client ships in ``eloquent-plugins``)."""
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
+
 __all__ = [
-    "TRANSPORTS", "AsyncEloquentClient", "AsyncEloquentTransport", "BodyKind", "ClientError", "ClientEvent",
+    "TRANSPORTS", "__version__", "AsyncEloquentClient", "AsyncEloquentTransport", "BodyKind", "ClientError", "ClientEvent",
     "ConnectError", "EloquentClient", "EloquentTransport", "H3Stream", "HTTPStatusError", "Http3ClientConnection",
     "IncompleteStream", "Pacer", "Pacing", "PathMemory", "Phase", "Response", "ResponseStream", "ResumeRefused",
     "StreamBroken", "StreamFailed", "SyncEloquentClient", "SyncResponseStream", "TLSVerificationError", "Transport",

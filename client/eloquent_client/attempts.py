@@ -12,8 +12,10 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import httpx
+import httpx2
 
 from eloquent_plugins.core.protocol import BadEventId, parse_event_id
 from eloquent_plugins.core.sse_reader import SSEParser
@@ -29,6 +31,11 @@ from eloquent_client.errors import (
 from eloquent_client.events import ClientEvent
 from eloquent_client.h3stream import BodyKind, H3Stream
 from eloquent_client.http3 import Http3ClientConnection
+
+
+CONNECT_ERRORS = (httpx.ConnectError, httpx2.ConnectError)
+TRANSPORT_ERRORS = (httpx.TransportError, httpx2.TransportError)
+"""What the SSE path's HTTP client raises, of either httpx module (the httpx transports give the client theirs)."""
 
 
 def event_index(event_id: str | None, fallback: int) -> int:
@@ -114,7 +121,7 @@ async def open_h3(conn: Http3ClientConnection, method: str, path: str, headers: 
 class SseAttempt(Attempt):
     delivery = "sse"
 
-    def __init__(self, response: httpx.Response, offset: int) -> None:
+    def __init__(self, response: httpx.Response | httpx2.Response, offset: int) -> None:
         self.response = response
         self.offset = offset
         self.status = response.status_code
@@ -130,22 +137,23 @@ class SseAttempt(Attempt):
                     index = event_index(message.id, self.offset + position)
                     position += 1
                     yield index, ClientEvent(index, message.data, now, event=message.event, id=message.id)
-        except httpx.TransportError as exc:
+        except TRANSPORT_ERRORS as exc:
             raise StreamBroken(f"the SSE connection broke: {type(exc).__name__}: {exc}") from exc
 
     async def aclose(self) -> None:
         await self.response.aclose()
 
 
-async def open_sse(http: httpx.AsyncClient, method: str, url: str, headers: Mapping[str, str], body: bytes,
-                   *, offset: int = 0, resuming: bool = False) -> SseAttempt | None:
+async def open_sse(http: Any, method: str, url: str, headers: Mapping[str, str], body: bytes, *, offset: int = 0,
+                   resuming: bool = False) -> SseAttempt | None:
+    """``http``: an ``httpx.AsyncClient`` or an ``httpx2.AsyncClient``."""
     request = http.build_request(method, url, content=body, headers={"accept": "text/event-stream",
                                                                      "cache-control": "no-store", **headers})
     try:
         response = await http.send(request, stream=True)
-    except httpx.ConnectError as exc:
+    except CONNECT_ERRORS as exc:
         raise ConnectError(f"cannot connect to {request.url.host}:{request.url.port}: {exc}") from exc
-    except httpx.TransportError as exc:
+    except TRANSPORT_ERRORS as exc:
         raise StreamBroken(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
     try:
         if resuming and response.status_code == 204:
@@ -155,7 +163,7 @@ async def open_sse(http: httpx.AsyncClient, method: str, url: str, headers: Mapp
         if response.status_code != 200 or content_type != "text/event-stream":
             raw = await response.aread()
             raise status_error(response.status_code, raw, response.headers, f"{method} {url}", resuming)
-    except httpx.TransportError as exc:
+    except TRANSPORT_ERRORS as exc:
         await response.aclose()
         raise StreamBroken(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
     except BaseException:
@@ -175,4 +183,4 @@ def sse_bytes(event: ClientEvent) -> bytes:
     return ("\n".join(lines) + "\n\n").encode()
 
 
-__all__ = ["Attempt", "ClientError", "H3Attempt", "SseAttempt", "event_index", "open_h3", "open_sse", "sse_bytes"]
+__all__ = ["CONNECT_ERRORS", "TRANSPORT_ERRORS", "Attempt", "ClientError", "H3Attempt", "SseAttempt", "event_index", "open_h3", "open_sse", "sse_bytes"]

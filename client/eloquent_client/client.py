@@ -1,9 +1,14 @@
+# long: one stream across its paths (the TCP/QUIC race, the move to datagrams, resume) is one piece of logic;
+# its parts live in attempts.py, handshakes.py and paths.py
 """``EloquentClient`` (async; ``AsyncEloquentClient`` is the same class): one API over every way of taking the
 same streaming request.
 
-* ``auto`` (default): HTTP/3 with Eloquent datagrams when UDP answers within ``h3_probe_timeout``, else SSE over
-  TCP on the same host. The UDP port is ``h3_port``, else the one the origin advertised (``Alt-Svc``), else the
-  URL's port number; a UDP path that failed is skipped for ``udp_retry_after`` seconds (``paths``).
+* ``auto`` (default): races, as browsers do. The QUIC handshake starts, and SSE over TCP on the same host starts
+  beside it after ``h3_probe_timeout`` (QUIC's head start); a stream begins on whichever answers first and one
+  that began on TCP moves to Eloquent datagrams when QUIC comes up (a resume from the next event). TCP refused
+  raises ``ConnectError`` at once. The UDP port is ``h3_port``, else the one the origin advertised (``Alt-Svc``),
+  else the URL's port number; a path whose handshake never heard back is skipped a while, backing off from 2 s to
+  ``udp_retry_after`` (``paths``); one that only lost packets is not.
 * ``eloquent``: HTTP/3 datagrams only (``scheme="duplicate"`` asks for the packet-duplication baseline).
 * ``h3-stream``: plain SSE on the HTTP/3 reliable request stream (the retransmission baseline).
 * ``sse``: plain SSE over HTTP/1.1 with httpx.
@@ -23,6 +28,7 @@ stream. Errors are the ``errors`` classes on every path, and ``status``/``header
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json as jsonlib
 import time
@@ -37,7 +43,7 @@ from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.protocol import ALT_SVC_HEADER, DATAGRAM, SCHEME_HEADER, STREAM_HEADER, TRANSPORT_HEADER
 
-from eloquent_client.attempts import Attempt, open_h3, open_sse
+from eloquent_client.attempts import CONNECT_ERRORS, TRANSPORT_ERRORS, Attempt, open_h3, open_sse
 from eloquent_client.errors import (
     ClientError,
     ConnectError,
@@ -47,6 +53,7 @@ from eloquent_client.errors import (
     StreamBroken,
     TLSVerificationError,
 )
+from eloquent_client.handshakes import handshakes
 from eloquent_client.http3 import Http3ClientConnection
 from eloquent_client.pacing import Pacing
 from eloquent_client.paths import DEFAULT_UDP_RETRY_AFTER, SHARED, PathMemory
@@ -54,6 +61,11 @@ from eloquent_client.response import Response, ResponseStream, StreamState
 
 Transport = Literal["auto", "eloquent", "h3-stream", "sse"]
 TRANSPORTS = ("auto", "eloquent", "h3-stream", "sse")
+MAX_MOVES = 4
+"""Moves to datagrams one stream may make (``_should_move``)."""
+MOVE_AFTER = 0.25
+"""Seconds a try on the HTTP/3 request stream runs before it moves to datagrams (the server's view of the
+client's SETTINGS catches up within a retransmission)."""
 _RESUMABLE = (StreamBroken, IncompleteStream)
 """What ends a try but not the stream: a cut (or a body that ended early) of a resumable stream."""
 
@@ -62,12 +74,12 @@ class EloquentClient:
     def __init__(self, base_url: str, *, transport: Transport = "auto", scheme: str | None = None,
                  verify: bool | str = True, pacing: Pacing | None = None, h3_port: int | None = None,
                  headers: Mapping[str, str] | None = None, timeout: float = 30.0, limits: Limits | None = None,
-                 http_client: Any = None, h3_probe_timeout: float = 1.0, stream_idle_timeout: float | None = 3.0,
+                 http_client: Any = None, h3_probe_timeout: float = 0.1, stream_idle_timeout: float | None = 3.0,
                  quic_idle_timeout: float = 60.0, resume: bool = True, max_resumes: int = 8,
                  udp_retry_after: float = DEFAULT_UDP_RETRY_AFTER, path_memory: PathMemory | None = None) -> None:
-        """``verify``: True, False (development only) or a CA/certificate file. ``timeout``: connect (explicit
-        HTTP/3 transports), response head and resume deadline. ``h3_probe_timeout``: how long ``auto`` waits for
-        the QUIC handshake before it takes TCP. ``stream_idle_timeout``: silence after which an HTTP/3 path is
+        """``verify``: True, False (development only) or a CA/certificate file. ``timeout``: connect (HTTP/3 and
+        TCP), response head and resume deadline. ``h3_probe_timeout``: ``auto``'s head start for QUIC, after which
+        TCP races it (the handshake goes on). ``stream_idle_timeout``: silence after which an HTTP/3 path is
         dead (None: only QUIC's ``quic_idle_timeout``). ``max_resumes``: cuts one stream may survive."""
         if transport not in TRANSPORTS:
             raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
@@ -105,6 +117,12 @@ class EloquentClient:
         self._prefix = parts.path.rstrip("/")
         self._h3: Http3ClientConnection | None = None
         self._h3_lock = asyncio.Lock()
+        self._h3_task: asyncio.Task[Http3ClientConnection] | None = None
+        """``auto``'s QUIC handshake, racing TCP (``_race``)."""
+        self._h3_started = 0.0
+        self._h3_task_port = 0
+        self._tls_error: TLSVerificationError | None = None
+        """A background handshake's TLS failure, raised by the next request (never hidden behind TCP)."""
         self._http = http_client
         self._own_http = http_client is None
 
@@ -114,46 +132,126 @@ class EloquentClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    # ---- paths ---------------------------------------------------------------------------------------------
+    # ---- paths ----------------------------------------------------------------------------------------------
     @property
     def h3_port(self) -> int:
         """The UDP port HTTP/3 is tried on now."""
         return self._h3_port or self.memory.h3_port(self._origin) or self._tcp_port
 
+    def _h3_up_now(self) -> Http3ClientConnection | None:
+        return self._h3 if self._h3 is not None and not self._h3.closed else None
+
     async def connection(self) -> Http3ClientConnection:
-        """The HTTP/3 connection, opened on first use and reopened if it closed; raises ``ConnectError``."""
-        conn = await self._h3_connection(probe=False)
-        assert conn is not None
+        """The HTTP/3 connection, opened on first use (with the whole ``timeout``) and reopened if it closed;
+        raises ``ConnectError``."""
+        async with self._h3_lock:
+            conn = self._h3_up_now()
+            task = self._h3_task
+            if conn is None and task is not None and not task.done():  # ``auto``'s handshake is under way
+                with contextlib.suppress(ConnectError):
+                    await asyncio.shield(task)
+                conn = self._h3_up_now()
+            if conn is None:
+                conn = self._h3 = await self._connect_h3(self.h3_port)
+            return conn
+
+    async def _connect_h3(self, port: int, timeout: float | None = None) -> Http3ClientConnection:
+        conn = await Http3ClientConnection.connect(
+            self._host, port, verify=self.verify, timeout=timeout or self.timeout, limits=self.limits,
+            idle_timeout=self.quic_idle_timeout, stream_idle_timeout=self.stream_idle_timeout)
+        conn.abort_unanswered = self.transport == "auto"
         return conn
 
-    async def _h3_connection(self, *, probe: bool) -> Http3ClientConnection | None:
-        """``probe`` (``auto``): None instead of an error when UDP does not answer (the path is remembered as
-        broken); a TLS failure is raised either way, since falling back would hide it."""
-        async with self._h3_lock:
-            if self._h3 is not None and not self._h3.closed:
-                return self._h3
-            port = self.h3_port
-            if probe and self.memory.is_broken(self._host, port):
-                return None
-            try:
-                self._h3 = await Http3ClientConnection.connect(
-                    self._host, port, verify=self.verify, timeout=self.h3_probe_timeout if probe else self.timeout,
-                    limits=self.limits, idle_timeout=self.quic_idle_timeout,
-                    stream_idle_timeout=self.stream_idle_timeout)
-            except TLSVerificationError:
-                raise
-            except ConnectError:
-                if not probe:
-                    raise
+    def _race(self) -> asyncio.Task[Http3ClientConnection] | None:
+        """``auto``: the QUIC handshake, started in the background unless it runs already or the path is
+        remembered as blocked. It gets the whole ``timeout``: a handshake that lost packets retransmits and comes
+        up (a stream that began on TCP then moves over); only one that never hears back marks the path blocked."""
+        task = self._h3_task
+        port = self.h3_port
+        if task is not None and not task.done():
+            if port == self._h3_task_port:
+                return task
+            task.cancel()  # the origin advertised another UDP port meanwhile (``Alt-Svc``)
+        if self.memory.is_broken(self._host, port):
+            return None
+        self._h3_task = task = asyncio.get_running_loop().create_task(self._handshake(port))
+        task.add_done_callback(_retrieve)
+        self._h3_task_port = port
+        self._h3_started = time.monotonic()
+        return task
+
+    async def _handshake(self, port: int) -> Http3ClientConnection:
+        try:
+            conn = await handshakes(lambda timeout: self._connect_h3(port, timeout), self.timeout)
+        except TLSVerificationError as exc:
+            self._tls_error = exc
+            raise
+        except ConnectError as exc:
+            if not exc.answered:  # nothing ever came back: UDP is blocked on this path
                 self.memory.mark_broken(self._host, port, self.udp_retry_after)
-                return None
-            self._h3.abort_unanswered = self.transport == "auto"
-            self.memory.mark_working(self._host, port)
-            return self._h3
+            raise
+        self.memory.mark_working(self._host, port)
+        if self._h3_up_now() is not None:  # ``connection()`` made one meanwhile
+            await conn.close()
+            return self._h3  # type: ignore[return-value]
+        if self._h3 is not None:  # one that closed: its successor takes over
+            await self._h3.close()
+        self._h3 = conn
+        return conn
+
+    async def _h3_up(self) -> Http3ClientConnection | None:
+        """The HTTP/3 connection to use now, or None for TCP: under ``auto`` QUIC gets ``h3_probe_timeout`` of
+        head start from the handshake's start, then TCP is used beside it (the race, ``_open``); the explicit
+        HTTP/3 transports connect (and raise); ``sse`` never. A TLS failure is raised, never hidden."""
+        if self.transport == "sse":
+            return None
+        if self.transport != "auto":
+            return await self.connection()
+        if self._tls_error is not None:
+            error, self._tls_error = self._tls_error, None
+            raise error
+        conn = self._h3_up_now()
+        if conn is not None:
+            return conn
+        task = self._race()
+        if task is None:
+            return None
+        head_start = self._h3_started + self.h3_probe_timeout - time.monotonic()
+        if not task.done() and head_start > 0:
+            await asyncio.wait({task}, timeout=head_start)
+        return self._raced(task)
+
+    def _raced(self, task: asyncio.Task[Http3ClientConnection]) -> Http3ClientConnection | None:
+        if not task.done() or task.cancelled():
+            return None
+        error = task.exception()
+        if isinstance(error, TLSVerificationError):
+            self._tls_error = None
+            raise error
+        return self._h3_up_now() if error is None else None
+
+    def _tcp_refused(self) -> Http3ClientConnection | None:
+        """TCP said no (refused, unreachable): the connection if QUIC is already up, else None -- and the
+        handshake is given up, since the server is not there (fast failure: TCP's answer is the signal)."""
+        conn = self._h3_up_now()
+        if conn is not None:
+            return conn
+        task = self._h3_task
+        if task is not None and not task.done():
+            task.cancel()
+        return None
+
+    async def h3_if_up(self) -> Http3ClientConnection | None:
+        """For a non-streaming request of the httpx transports: as ``_h3_up``."""
+        return await self._h3_up()
+
+    async def h3_after_tcp_failed(self, exc: BaseException) -> Http3ClientConnection | None:
+        """A non-streaming request's TCP connect failed with ``exc``: the HTTP/3 connection if it is up."""
+        return self._tcp_refused() if self.transport == "auto" else None
 
     def _udp_failed(self) -> None:
-        """A request over HTTP/3 got no head: under ``auto``, UDP is not to be relied on for a while. (A cut
-        stream only resumes: its resume probes UDP again, so a path that came back is used.)"""
+        """A request over HTTP/3 got no head (the watchdog found the path silent): under ``auto``, UDP is skipped
+        for a while (backing off, ``paths``). A cut stream only resumes: its resume races UDP again."""
         if self.transport == "auto":
             self.memory.mark_broken(self._host, self.h3_port, self.udp_retry_after)
 
@@ -163,7 +261,12 @@ class EloquentClient:
         return self._http
 
     def _learn(self, headers: Mapping[str, str]) -> None:
+        """Read ``Alt-Svc``; under ``auto`` a newly advertised UDP port gets its handshake at once, so the stream
+        that brought the header can move over to it."""
+        before = self.h3_port
         self.memory.learn(self._origin, headers.get(ALT_SVC_HEADER.decode()))
+        if self.transport == "auto" and self.h3_port != before and self._h3_up_now() is None:
+            self._race()
 
     # ---- requests ------------------------------------------------------------------------------------------
     def _body(self, json: Any, content: bytes | None,
@@ -185,40 +288,60 @@ class EloquentClient:
 
     async def _open(self, method: str, path: str, body: bytes, merged: dict[str, str], *, offset: int = 0,
                     last_event_id: str | None = None) -> Attempt | None:
-        """One try: HTTP/3 when the transport allows and (``auto``) UDP answers, else SSE over TCP."""
+        """One try. Explicit transports take their path. ``auto`` races: HTTP/3 when QUIC is up within its head
+        start, else SSE over TCP started beside the handshake -- taken if TCP answers first (the stream moves to
+        datagrams when QUIC comes up, ``_events``), given up for HTTP/3 if QUIC is up and TCP still has not
+        answered after another head start (TCP hangs). TCP refused under ``auto`` raises ``ConnectError`` at once
+        unless QUIC is already up: a dead server fails as fast as with plain httpx."""
         resuming = last_event_id is not None
         if resuming:
             merged = {**merged, "last-event-id": last_event_id}  # type: ignore[dict-item]
-        if self.transport != "sse":
-            conn = await self._h3_connection(probe=self.transport == "auto")
-            if conn is not None:
-                try:
-                    return await open_h3(conn, method, self._prefix + path, self._h3_headers(merged), body,
-                                         eloquent=self.transport in ("auto", "eloquent"), offset=offset,
-                                         timeout=self.timeout, resuming=resuming)
-                except StreamBroken:
-                    if self.transport != "auto":
-                        raise
-                    self._udp_failed()  # connected, but the request got no answer: take TCP
+
+        async def over_h3(conn: Http3ClientConnection) -> Attempt | None:
+            return await open_h3(conn, method, self._prefix + path, self._h3_headers(merged), body,
+                                 eloquent=self.transport in ("auto", "eloquent"), offset=offset,
+                                 timeout=self.timeout, resuming=resuming)
+
+        conn = await self._h3_up()
+        if conn is not None:
+            try:
+                return await over_h3(conn)
+            except StreamBroken:
+                if self.transport != "auto":
+                    raise
+                self._udp_failed()  # connected, but the request got no answer: take TCP
+        sse = asyncio.ensure_future(open_sse(await self._http_client(), method, self.base_url + path, merged, body,
+                                             offset=offset, resuming=resuming))
+        task = self._h3_task if self.transport == "auto" and conn is None else None
         try:
-            attempt = await open_sse(await self._http_client(), method, self.base_url + path, merged, body,
-                                     offset=offset, resuming=resuming)
+            if task is not None and not task.done():
+                await asyncio.wait({sse, task}, return_when=asyncio.FIRST_COMPLETED)
+                if not sse.done() and self._raced(task) is not None:
+                    await asyncio.wait({sse}, timeout=self.h3_probe_timeout)
+                    if not sse.done():  # QUIC is up and TCP still silent: the request goes over HTTP/3
+                        sse.cancel()
+                        with contextlib.suppress(BaseException):
+                            await sse
+                        conn = self._h3_up_now()
+                        if conn is not None:
+                            return await over_h3(conn)
+            attempt = await sse
         except ConnectError:
-            if self.transport != "auto":
+            conn = self._tcp_refused() if self.transport == "auto" else None
+            if conn is None:
                 raise
-            # Nothing on TCP either: the server may speak HTTP/3 only and just be slow to answer (a loaded box).
-            # Give UDP the whole timeout before giving up.
-            self.memory.mark_working(self._host, self.h3_port)
-            conn = await self._h3_connection(probe=False)
-            assert conn is not None
-            return await open_h3(conn, method, self._prefix + path, self._h3_headers(merged), body, eloquent=True,
-                                 offset=offset, timeout=self.timeout, resuming=resuming)
+            return await over_h3(conn)
+        except BaseException:
+            sse.cancel()
+            if sse.done() and not sse.cancelled() and sse.exception() is None and sse.result() is not None:
+                await sse.result().aclose()  # type: ignore[union-attr]  # TCP answered, the caller gets the error
+            raise
         if attempt is not None:
             self._learn(attempt.headers)
         return attempt
 
     async def _resume(self, method: str, path: str, body: bytes, merged: dict[str, str], token: str,
-                      next_index: int, cause: BaseException) -> Attempt | None:
+                      next_index: int, cause: object) -> Attempt | None:
         """Continue stream ``token`` after event ``next_index - 1``; None when the server says it is over."""
         last_id = f"{token}:{next_index - 1}" if next_index > 0 else token
         deadline = time.monotonic() + self.timeout
@@ -240,12 +363,25 @@ class EloquentClient:
                                    f"{self.timeout:g} s: {error}") from error
             await asyncio.sleep(min(0.05 * 2 ** failures, 1.0))
 
+    def _should_move(self, attempt: Attempt, state: StreamState, event: Any) -> bool:
+        """A stream that began on TCP moves to datagrams once QUIC is up (``auto``, resumable streams). So does one
+        the server put on the HTTP/3 request stream although it asked for datagrams: the request overtook the
+        client's SETTINGS (lost, not yet retransmitted), so the server did not know datagrams were welcome; it
+        knows a moment later (``MOVE_AFTER``)."""
+        if (self.transport != "auto" or not self.resume or state.token is None or state.moves >= MAX_MOVES
+                or event.kind != "data" or event.data == "[DONE]" or self._h3_up_now() is None):
+            return False
+        return attempt.delivery == "sse" or (attempt.delivery == "h3-stream"
+                                             and time.monotonic() - state.since >= MOVE_AFTER)
+
     async def _events(self, state: StreamState, method: str, path: str, body: bytes,
                       merged: dict[str, str]) -> AsyncIterator[Any]:
         while True:
             attempt = state.attempt
+            events: Any = attempt.events()  # an async generator: closed here, not left to the GC
+            moving = False
             try:
-                async for index, event in attempt.events():
+                async for index, event in events:
                     if index < state.next_index:
                         continue  # already rendered (a resume replays from the id it was given)
                     token = state.token
@@ -254,19 +390,31 @@ class EloquentClient:
                                                     id=event.id or (f"{token}:{index}" if token else None))
                     state.next_index = index + 1
                     yield event
-                return
+                    if self._should_move(attempt, state, event):
+                        moving = True
+                        break
+                if not moving:
+                    return
+                state.moves += 1
+                cause: object = "moving over to HTTP/3 datagrams"
             except _RESUMABLE as exc:
-                await attempt.aclose()
                 if not self.resume or state.token is None:
+                    await attempt.aclose()
                     raise
                 if state.resumes >= self.max_resumes:
+                    await attempt.aclose()
                     raise StreamBroken(f"stream {state.token} was cut {state.resumes + 1} times; giving up: {exc}") \
                         from exc
                 state.resumes += 1
-                attempt_or_none = await self._resume(method, path, body, merged, state.token, state.next_index, exc)
-                if attempt_or_none is None:
-                    return
-                state.switch(attempt_or_none)
+                cause = exc
+            finally:
+                await events.aclose()
+            await attempt.aclose()
+            assert state.token is not None
+            attempt_or_none = await self._resume(method, path, body, merged, state.token, state.next_index, cause)
+            if attempt_or_none is None:
+                return
+            state.switch(attempt_or_none)
 
     @asynccontextmanager
     async def stream(self, method: str, path: str, *, json: Any = None, content: bytes | None = None,
@@ -286,24 +434,23 @@ class EloquentClient:
 
     async def request(self, method: str, path: str, *, json: Any = None, content: bytes | None = None,
                       headers: Mapping[str, str] | None = None) -> Response:
-        """A non-streaming request: over HTTP/3 when the transport allows and (``auto``) UDP answers, else TCP."""
+        """A non-streaming request: over HTTP/3 when the transport allows and (``auto``) QUIC is up within its
+        head start, else TCP (refused under ``auto``: ``ConnectError`` at once unless QUIC is up)."""
         body, merged = self._body(json, content, headers)
-        conn = None if self.transport == "sse" else await self._h3_connection(probe=self.transport == "auto")
+        conn = await self._h3_up()
         if conn is None:
             client = await self._http_client()
             try:
                 r = await client.request(method, self.base_url + path, content=body, headers=merged)
-            except httpx.ConnectError as exc:
-                if self.transport != "auto":
+            except CONNECT_ERRORS as exc:
+                conn = self._tcp_refused() if self.transport == "auto" else None
+                if conn is None:
                     raise ConnectError(f"cannot connect to {self._origin}: {exc}") from exc
-                self.memory.mark_working(self._host, self.h3_port)  # as in ``_open``: UDP gets the whole timeout
-                conn = await self._h3_connection(probe=False)
-            except httpx.TransportError as exc:
+            except TRANSPORT_ERRORS as exc:
                 raise StreamBroken(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
             else:
                 self._learn(r.headers)
                 return Response(r.status_code, dict(r.headers), r.content, "sse")
-        assert conn is not None
         fields = [(k, v) for k, v in merged.items() if k.lower() not in ("host", "content-length", "connection")]
         h3 = await conn.request(method, self._prefix + path, headers=fields, body=body)
         try:
@@ -317,12 +464,23 @@ class EloquentClient:
         return Response(h3.status or 0, h3.headers, content_bytes, "h3-stream")
 
     async def aclose(self) -> None:
+        task, self._h3_task = self._h3_task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
         if self._h3 is not None:
             await self._h3.close()
             self._h3 = None
         if self._http is not None and self._own_http:
             await self._http.aclose()
             self._http = None
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """A background handshake's failure is read where it matters (``_raced``); this keeps asyncio quiet."""
+    if not task.cancelled():
+        task.exception()
 
 
 AsyncEloquentClient = EloquentClient

@@ -20,11 +20,16 @@ class ClientError(EloquentError):
 class ConnectError(ClientError):
     """No connection could be made (no answer within the timeout, refused, unreachable)."""
 
+    answered = False
+    """HTTP/3: the server sent something before the handshake failed (a lossy path, not a blocked one)."""
+
 
 class TLSVerificationError(ConnectError):
     """The server's certificate was refused: ``reason`` says why (``fix`` how to get past it legitimately)."""
 
     def __init__(self, host: str, port: int, reason: str) -> None:
+        self.host = host
+        self.port = port
         self.reason = reason
         self.fix = (f"pass verify=False (development only), or verify=<path of the server's certificate or CA>; "
                     f"for `eloquent serve`'s development certificate that is {dev_certificate_path()}")

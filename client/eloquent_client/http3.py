@@ -48,11 +48,14 @@ class _ClientProtocol(H3Protocol):
         self.terminated: ConnectionTerminated | None = None
         self.last_received = self.loop.time()
         """When the last UDP datagram from the server arrived (the path watchdog's clock)."""
+        self.received = 0
+        """UDP datagrams from the server: none at all after a failed handshake means a blocked path."""
         self._receiving = False
         """Inside ``datagram_received``: its ``after_input`` transmits, so nothing needs to schedule a transmit."""
 
     def datagram_received(self, data: bytes | str, addr: Any) -> None:
         self.last_received = self.loop.time()
+        self.received += 1
         self._receiving = True
         try:
             super().datagram_received(data, addr)
@@ -125,17 +128,21 @@ class _ClientProtocol(H3Protocol):
 
 
 def _connect_error(host: str, port: int, verify: bool | str, close: ConnectionTerminated | None,
-                   exc: BaseException) -> ConnectError:
+                   exc: BaseException, answered: bool) -> ConnectError:
     """The typed error of a failed handshake: TLS verification (with the reason and the fix) or no connection."""
     if close is not None and close.error_code in _CRYPTO_ERROR and verify is not False:
         return TLSVerificationError(host, port, close.reason_phrase or f"TLS alert {close.error_code - 0x100}")
     if close is not None:
         detail = f"closed by the handshake (code 0x{close.error_code:x}: {close.reason_phrase})"
-    elif isinstance(exc, TimeoutError):
+    elif isinstance(exc, TimeoutError) and not answered:
         detail = "no answer (UDP blocked, or nothing listens on that port)"
+    elif isinstance(exc, TimeoutError):
+        detail = "the handshake did not complete in time (the server answered: a lossy path)"
     else:
         detail = str(exc) or type(exc).__name__
-    return ConnectError(f"cannot connect over HTTP/3 to {host}:{port}: {detail}")
+    error = ConnectError(f"cannot connect over HTTP/3 to {host}:{port}: {detail}")
+    error.answered = answered
+    return error
 
 
 async def _handshake(protocol: _ClientProtocol, transport: asyncio.DatagramTransport, addr: Any, host: str, port: int,
@@ -151,7 +158,7 @@ async def _handshake(protocol: _ClientProtocol, transport: asyncio.DatagramTrans
         protocol.stop_driving()
         transport.close()
         if isinstance(exc, ConnectionError | TimeoutError | OSError):
-            raise _connect_error(host, port, verify, close, exc) from None
+            raise _connect_error(host, port, verify, close, exc, protocol.received > 0) from None
         raise
 
 

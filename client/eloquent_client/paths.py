@@ -1,6 +1,7 @@
 """What the client remembers about paths, as browsers do: the HTTP/3 port an origin advertised (``Alt-Svc``, RFC
-7838) and the UDP paths that failed recently, so ``transport="auto"`` pays the HTTP/3 probe once, not on every
-request, while UDP is blocked."""
+7838) and the UDP paths found blocked (a handshake that never heard back), so ``transport="auto"`` does not start
+a handshake beside every request while UDP is blocked. A blocked path is tried again soon, backing off: after
+``UDP_RETRY_FIRST`` seconds, then twice as long each time it is still blocked, up to ``udp_retry_after``."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import threading
 import time
 from dataclasses import dataclass
 
-DEFAULT_UDP_RETRY_AFTER = 300.0
-"""Seconds a failed UDP path is skipped before it is tried again (Chromium marks a broken QUIC path for 5 min)."""
+DEFAULT_UDP_RETRY_AFTER = 60.0
+"""The longest a blocked UDP path is skipped before it is tried again (the backoff's ceiling)."""
+UDP_RETRY_FIRST = 2.0
+"""Seconds a path found blocked for the first time is skipped; each further failure doubles it."""
 
 _H3 = re.compile(r'(?:^|,)\s*h3\s*=\s*"([^"]*)"([^,]*)')
-_MA = re.compile(r";\s*ma\s*=\s*(\d+)")
+_MA = re.compile(r";\s*ma\s*=\s*([0-9]+)", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +34,7 @@ def parse_alt_svc(value: str) -> AltService | None:
     if match is None:
         return None
     host, sep, port = match.group(1).rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         return None
     ma = _MA.search(match.group(2))
     return AltService(host.strip("[]"), int(port), float(ma.group(1)) if ma else 86400.0)
@@ -44,6 +47,8 @@ class PathMemory:
         self._lock = threading.Lock()
         self._alt: dict[str, tuple[AltService, float]] = {}
         self._broken: dict[tuple[str, int], float] = {}
+        self._failures: dict[tuple[str, int], int] = {}
+        """Times each path was found blocked since it last worked (the backoff's exponent)."""
 
     def h3_port(self, origin: str, now: float | None = None) -> int | None:
         """The UDP port ``origin`` (``scheme://host:port``) advertised and that has not expired."""
@@ -67,10 +72,17 @@ class PathMemory:
             if service is not None and not service.host:  # another host would need its own certificate check
                 self._alt[origin] = (service, now + service.max_age)
 
-    def mark_broken(self, host: str, port: int, retry_after: float, now: float | None = None) -> None:
+    def mark_broken(self, host: str, port: int, retry_after: float = DEFAULT_UDP_RETRY_AFTER,
+                    now: float | None = None) -> float:
+        """Skip the path ``UDP_RETRY_FIRST`` seconds, doubled for each failure in a row, at most ``retry_after``;
+        returns that wait."""
         now = time.monotonic() if now is None else now
         with self._lock:
-            self._broken[(host, port)] = now + retry_after
+            failures = self._failures.get((host, port), 0)
+            self._failures[(host, port)] = failures + 1
+            wait = min(retry_after, UDP_RETRY_FIRST * 2.0 ** min(failures, 30))
+            self._broken[(host, port)] = now + wait
+            return wait
 
     def is_broken(self, host: str, port: int, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
@@ -84,14 +96,16 @@ class PathMemory:
     def mark_working(self, host: str, port: int) -> None:
         with self._lock:
             self._broken.pop((host, port), None)
+            self._failures.pop((host, port), None)
 
     def clear(self) -> None:
         with self._lock:
             self._alt.clear()
             self._broken.clear()
+            self._failures.clear()
 
 
 SHARED = PathMemory()
 """The process-wide memory every client uses unless given its own (``path_memory=``)."""
 
-__all__ = ["DEFAULT_UDP_RETRY_AFTER", "SHARED", "AltService", "PathMemory", "parse_alt_svc"]
+__all__ = ["DEFAULT_UDP_RETRY_AFTER", "SHARED", "UDP_RETRY_FIRST", "AltService", "PathMemory", "parse_alt_svc"]

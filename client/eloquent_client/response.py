@@ -44,11 +44,16 @@ class StreamState:
         self.token = token
         self.next_index = 0
         self.resumes = 0
+        self.moves = 0
+        """Tries ended only to move the stream over to datagrams (``auto``; not cuts, not counted as resumes)."""
+        self.since = time.monotonic()
+        """When the current try began."""
         self.deliveries = [attempt.delivery]
         """Each try's delivery (``datagram``, ``h3-stream``, ``sse``), in order."""
 
     def switch(self, attempt: Attempt) -> None:
         self.attempt = attempt
+        self.since = time.monotonic()
         self.deliveries.append(attempt.delivery)
 
 

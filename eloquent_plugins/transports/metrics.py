@@ -7,6 +7,10 @@ given the host app's (no global mutable state by default).
 Every stream is counted once, by the middleware, whatever carries it: ``transport`` is ``sse`` (HTTP/1.1),
 ``h3-stream`` (SSE on an HTTP/3 request stream), ``datagram`` (Eloquent packets in HTTP/3 datagrams) or
 ``webtransport``; the HTTP/3 front end names it in the request's scope (``TRANSPORT_EXTENSION``).
+
+Names: ``eloquent_*`` (``PREFIX``), the latency histograms labelled by ``transport``. The same figures are also
+served under the names of before, ``eloquent_sse_*`` (``LEGACY_PREFIX``; histograms over every transport,
+unlabelled), so existing dashboards keep working: deprecated, to go in a later release (docs/SSE.md, "Metrics").
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ def h3_transport(transport: str, *, datagrams: bool) -> str:
     return "webtransport" if transport == "webtransport" else "datagram" if datagrams else "h3-stream"
 
 
+PREFIX = "eloquent"
+LEGACY_PREFIX = "eloquent_sse"
+"""The names of before issue 26 (every stream was ``eloquent_sse_*``, datagram ones too): kept as aliases."""
 GAP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0, 60.0)
 
 
@@ -62,25 +69,57 @@ class Histogram:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
 
-    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
-        buckets: list[tuple[str, float]] = []
+    def buckets(self) -> list[tuple[str, float]]:
+        out: list[tuple[str, float]] = []
         running = 0
         for bound, count in zip(self.bounds, self.counts, strict=False):
             running += count
-            buckets.append((repr(float(bound)), running))
+            out.append((repr(float(bound)), running))
         running += self.counts[-1]
-        buckets.append(("+Inf", running))
-        return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=self.sum)
+        out.append(("+Inf", running))
+        return out
+
+    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
+        return HistogramMetricFamily(name, documentation, buckets=self.buckets(), sum_value=self.sum)
+
+    @classmethod
+    def merged(cls, parts: Sequence[Histogram], bounds: Sequence[float]) -> Histogram:
+        """One histogram of several with the same bounds (the unlabelled legacy families, at scrape time)."""
+        total = cls(bounds)
+        for part in parts:
+            total.counts = [a + b for a, b in zip(total.counts, part.counts, strict=True)]
+            total.sum += part.sum
+        return total
+
+
+class Latency:
+    """The latency histograms of one transport's streams (a producer observes its own, no lookup per event)."""
+
+    __slots__ = ("gap", "tpot", "ttft")
+
+    def __init__(self) -> None:
+        self.ttft = Histogram(LATENCY_BUCKETS)
+        self.tpot = Histogram(LATENCY_BUCKETS)
+        self.gap = Histogram(GAP_BUCKETS)
+
+
+_HISTOGRAMS = (
+    ("ttft", "time_to_first_token_seconds", "Request start to the first event of a stream", LATENCY_BUCKETS),
+    ("tpot", "time_per_output_token_seconds", "Mean gap between events of one stream", LATENCY_BUCKETS),
+    ("gap", "inter_event_gap_seconds", "Time between consecutive events from the engine", GAP_BUCKETS),
+)
 
 
 class StreamMetrics:
     """Counters and histograms for one middleware; ``render()`` gives the Prometheus text exposition."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, *, prefix: str = "eloquent_sse") -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, prefix: str = PREFIX,
+                 legacy_prefix: str | None = LEGACY_PREFIX) -> None:
         self.prefix = prefix
-        self.ttft = Histogram(LATENCY_BUCKETS)
-        self.tpot = Histogram(LATENCY_BUCKETS)
-        self.gap = Histogram(GAP_BUCKETS)
+        self.legacy_prefix = legacy_prefix
+        """Also serve every family under this prefix (None: not), histograms unlabelled."""
+        self.latency: dict[str, Latency] = {}
+        """The latency histograms, by transport (``transport_label``)."""
         self.started: dict[str, int] = {}
         """Streams started, by transport (``transport_label``)."""
         self.streams_ended: dict[str, int] = {}
@@ -121,6 +160,12 @@ class StreamMetrics:
         """Streams started, every transport."""
         return sum(self.started.values())
 
+    def latency_for(self, transport: str) -> Latency:
+        latency = self.latency.get(transport)
+        if latency is None:
+            latency = self.latency[transport] = Latency()
+        return latency
+
     def start(self, transport: str) -> None:
         self.started[transport] = self.started.get(transport, 0) + 1
 
@@ -134,16 +179,31 @@ class StreamMetrics:
         return self.collect()
 
     def collect(self) -> Iterator[Metric]:
-        p = self.prefix
-        yield self.ttft.family(f"{p}_time_to_first_token_seconds", "Request start to the first event of a stream.")
-        yield self.tpot.family(f"{p}_time_per_output_token_seconds", "Mean gap between events of one stream.")
-        yield self.gap.family(f"{p}_inter_event_gap_seconds", "Time between consecutive events from the engine.")
+        yield from self._histograms()
+        yield from self._families(self.prefix)
+        if self.legacy_prefix is not None:
+            yield from self._families(self.legacy_prefix)
+
+    def _histograms(self) -> Iterator[Metric]:
+        for attr, name, doc, bounds in _HISTOGRAMS:
+            family = HistogramMetricFamily(f"{self.prefix}_{name}", f"{doc}, by transport.", labels=["transport"])
+            parts = []
+            for transport, latency in sorted(self.latency.items()):
+                histogram = getattr(latency, attr)
+                parts.append(histogram)
+                family.add_metric([transport], histogram.buckets(), histogram.sum)
+            yield family
+            if self.legacy_prefix is not None:
+                yield Histogram.merged(parts, bounds).family(f"{self.legacy_prefix}_{name}",
+                                                             f"{doc}, every transport (deprecated name).")
+
+    def _families(self, p: str) -> Iterator[Metric]:
         started = CounterMetricFamily(f"{p}_streams_started", "Streams started, by transport (sse, h3-stream, "
                                       "datagram, webtransport).", labels=["transport"])
         for transport, count in sorted(self.started.items()):
             started.add_metric([transport], count)
         yield started
-        ended = CounterMetricFamily(f"{p}_streams_ended", "SSE streams ended, by reason.", labels=["reason"])
+        ended = CounterMetricFamily(f"{p}_streams_ended", "Streams ended, by reason.", labels=["reason"])
         for reason, count in sorted(self.streams_ended.items()):
             ended.add_metric([reason], count)
         yield ended

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import logging
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -33,8 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "datagrams; h3-stream: SSE on the HTTP/3 stream; sse: HTTP/1.1 (default: %(default)s)")
     parser.add_argument("--h3-port", type=numbers.port, default=None, metavar="UDP_PORT",
                         help="UDP port of HTTP/3 (default: the server's Alt-Svc, else the URL's port number)")
-    parser.add_argument("--h3-probe-timeout", type=numbers.positive_seconds, default=1.0, metavar="SECONDS",
-                        help="auto: how long to wait for HTTP/3 before taking TCP (default: %(default)s)")
+    parser.add_argument("--h3-probe-timeout", type=numbers.positive_seconds, default=0.1, metavar="SECONDS",
+                        help="auto: QUIC's head start before TCP races it (a stream that began on TCP moves to "
+                        "datagrams when QUIC is up) (default: %(default)s)")
     parser.add_argument("--stream-idle-timeout", type=numbers.positive_seconds, default=3.0, metavar="SECONDS",
                         help="HTTP/3: silence after which the path is taken for dead and the stream resumed "
                         "(default: %(default)s)")
@@ -131,14 +133,33 @@ def run(args: argparse.Namespace) -> int:
     if args.url is None and args.transport == "sse":
         raise ConfigError("--transport sse needs --url: the in-process server has only the HTTP/3 side (start "
                           "`eloquent serve`, then --url http://127.0.0.1:8000)")
+    # aioquic logs a refused certificate itself ("quic" logger, through logging's last-resort handler): the one
+    # line below says it, with the flags that get past it.
+    quic_log = logging.getLogger("quic")
+    quiet = not quic_log.handlers and not logging.getLogger().handlers
+    if quiet:
+        quic_log.addHandler(logging.NullHandler())
+        quic_log.propagate = False
     try:
         return asyncio.run(_chat(args, sys.stdout))
     except (OSError, httpx.TransportError, EloquentError) as exc:
         raise _unreachable(args.url, exc) from None
+    finally:
+        if quiet:
+            quic_log.handlers.clear()
+            quic_log.propagate = True
 
 
 def _unreachable(url: str | None, exc: BaseException) -> EloquentError:
-    """One line for a server that cannot be reached; https:// to the plain-HTTP TCP side says so."""
+    """One line for a server that cannot be reached; https:// to the plain-HTTP TCP side says so; a refused
+    certificate names this command's flags (not the client's ``verify=``)."""
+    from eloquent_client import TLSVerificationError
+    from eloquent_client.errors import dev_certificate_path
+
+    if isinstance(exc, TLSVerificationError):
+        return ConfigError(f"TLS verification of {exc.host}:{exc.port} failed: {exc.reason}. Pass --insecure "
+                           f"(development only), or --cafile <the server's certificate or CA>; for `eloquent "
+                           f"serve`'s development certificate: --cafile {dev_certificate_path()}")
     text = str(exc) if isinstance(exc, EloquentError) else \
         f"cannot reach {url or 'the server'}: {str(exc) or type(exc).__name__}"
     if url and url.startswith("https://") and "WRONG_VERSION_NUMBER" in text:

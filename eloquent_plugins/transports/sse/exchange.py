@@ -201,7 +201,7 @@ class Exchange:
         if token is not None:
             mw.exchanges[token] = self
         self.producer = Producer(stream_log, token=token, hooks=self.hooks, codec=codec, metrics=metrics,
-                                 started=self.started)
+                                 started=self.started, transport=transport)
         metrics.start(transport)
         metrics.active_streams += 1
         metrics.active_connections += 1

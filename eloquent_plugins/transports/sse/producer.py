@@ -37,10 +37,11 @@ def id_end(index: int) -> bytes:
 
 class Producer:
     __slots__ = ("log", "hooks", "codec", "metrics", "id_prefix", "_parser", "clean", "_first", "last", "_started",
-                 "_observe", "clock", "_id", "plain", "gaps", "max_gap")
+                 "_observe", "clock", "_id", "plain", "gaps", "max_gap", "latency")
 
     def __init__(self, log: StreamLog, *, token: str | None, hooks: StreamHooks, codec: Codec,
-                 metrics: StreamMetrics, started: float, clock: Callable[[], float] = time.monotonic) -> None:
+                 metrics: StreamMetrics, started: float, clock: Callable[[], float] = time.monotonic,
+                 transport: str = "sse") -> None:
         self.log = log
         """A new, empty log: event n of the stream is the log's index n (``log.next_index`` is the next id)."""
         self.hooks = hooks
@@ -62,8 +63,10 @@ class Producer:
         ``Connection.write_direct`` logs a one-line ``data:`` chunk for a caught-up client itself, inline
         (``_event``'s common case without its branches): it reads and updates ``last``, ``max_gap``, ``gaps``
         and the metrics here, which are public for that reason."""
-        self.gaps = metrics.gap
-        """The gaps between events (``StreamMetrics.gap``)."""
+        self.latency = metrics.latency_for(transport)
+        """This stream's transport's histograms (``StreamMetrics.latency``)."""
+        self.gaps = self.latency.gap
+        """The gaps between events (``Latency.gap``)."""
         self.clock = clock
         self.max_gap = 0.0
         """The largest gap between two events so far (seconds): the stream's worst stall at the source."""
@@ -112,7 +115,7 @@ class Producer:
         now = self.clock()
         if self._first is None:
             self._first = now
-            self.metrics.ttft.observe(now - self._started)
+            self.latency.ttft.observe(now - self._started)
             self.plain = self._id and not self._observe
         else:
             gap = now - self.last
@@ -139,5 +142,5 @@ class Producer:
             return
         events = self.log.next_index
         if self._first is not None and events > 1:
-            self.metrics.tpot.observe((self.last - self._first) / (events - 1))
+            self.latency.tpot.observe((self.last - self._first) / (events - 1))
         self.log.close(reason)
