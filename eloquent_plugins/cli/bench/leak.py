@@ -37,7 +37,7 @@ from eloquent_plugins.cli import numbers
 from eloquent_plugins.cli.flags import add_progress
 from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.core.limits import Limits
-from eloquent_plugins.core.padding import DATAGRAM_FLOOR, MODES, PaddingPolicy, datagram_policy, sse_policy
+from eloquent_plugins.core.padding import DATAGRAM_FLOOR, MODES, datagram_policy, sse_policy
 from eloquent_plugins.core.sse_reader import SSEParser
 from eloquent_plugins.core.stall import stall_metrics
 from eloquent_plugins.core.wire import DataPacket, decode_packet, encode_packet, pad_packet
