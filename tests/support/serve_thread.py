@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+from dataclasses import replace
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -14,6 +16,7 @@ import uvicorn
 from eloquent_plugins.cli.app_factory import build_app
 from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.core.hooks.manager import create_plugin_manager
+from eloquent_plugins.transports.cors import CorsMiddleware, parse_origins
 from eloquent_plugins.transports.http3 import FrontEndOptions, Http3Server, start_http3_server
 
 
@@ -25,10 +28,15 @@ def _free_tcp_port() -> int:
 
 class ServeThread:
     def __init__(self, *, config: StreamConfig | None = None, options: FrontEndOptions | None = None,
-                 engine: dict[str, Any] | None = None) -> None:
+                 engine: dict[str, Any] | None = None, cors_origin: str | None = None,
+                 wrap: Callable[[Any], Any] | None = None) -> None:
+        """``cors_origin``: as ``--cors-origin`` (CORS on both transports, WebTransport origins too); ``wrap``: an
+        ASGI wrapper put around the app inside CORS (a test's recorder)."""
         self.config = config or StreamConfig()
         self.options = options or FrontEndOptions(record_timings=True)
         self.engine = engine or {"ttft": 0.05, "tpot": 0.02}
+        self.cors_origin = cors_origin
+        self.wrap = wrap
         self.port = _free_tcp_port()
         self.h3: Http3Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -53,8 +61,14 @@ class ServeThread:
         try:
             self._loop = asyncio.get_running_loop()
             app = build_app(self.config, create_plugin_manager(), engine_options=self.engine)
-            self.h3 = await start_http3_server(app, host="127.0.0.1", port=0, config=self.config,
-                                               options=self.options)
+            if self.wrap is not None:
+                app = self.wrap(app)
+            if self.cors_origin:  # as ``eloquent serve --cors-origin`` does
+                app = CorsMiddleware(app, self.cors_origin)
+            # pages served by uvicorn here are same-origin for the front end's WebTransport sessions
+            options = replace(self.options, page_ports=(*self.options.page_ports, self.port),
+                              cors_origins=parse_origins(self.cors_origin))
+            self.h3 = await start_http3_server(app, host="127.0.0.1", port=0, config=self.config, options=options)
             self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
                                                          log_level="warning", lifespan="off"))
             serving = asyncio.ensure_future(self._server.serve())
