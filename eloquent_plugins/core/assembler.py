@@ -18,6 +18,14 @@ from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.receiver import EloquentReceiver, ReceiverConfig
 
 
+HELD_OVERHEAD = 128
+"""Bytes counted per held event besides its payload (the objects around it): empty events are not free."""
+
+
+def _held(event: StreamEvent) -> int:
+    return len(event.payload) + HELD_OVERHEAD
+
+
 class EloquentAssembler:
     def __init__(self, stream_id: int, limits: Limits | None = None) -> None:
         limits = limits or Limits()
@@ -64,7 +72,7 @@ class EloquentAssembler:
             if event.index < self._next or self._final is not None or (last is not None and event.index > last):
                 continue
             old = self._pending.get(event.index)
-            self._pending_bytes += len(event.payload) - (len(old.payload) if old is not None else 0)
+            self._pending_bytes += _held(event) - (_held(old) if old is not None else 0)
             self._pending[event.index] = event
         if self._pending_bytes > self._max_pending:
             raise LimitExceeded(f"control records hold {self._pending_bytes} bytes of events out of order "
@@ -91,7 +99,7 @@ class EloquentAssembler:
         self._next = event.index + 1
         held = self._pending.pop(event.index, None)
         if held is not None:
-            self._pending_bytes -= len(held.payload)
+            self._pending_bytes -= _held(held)
         if event.kind is not EventKind.DATA:
             self._final = event
 
