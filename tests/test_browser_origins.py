@@ -75,7 +75,7 @@ class Pages:
 
     def __init__(self) -> None:
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            def do_GET(self) -> None:
                 self.send_response(200)
                 self.send_header("content-type", "text/html")
                 self.send_header("content-length", str(len(PAGE)))

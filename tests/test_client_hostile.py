@@ -82,9 +82,9 @@ async def peak(action: Callable[[], Awaitable[Any]]) -> tuple[int, Any]:
 async def test_an_endless_error_body_is_cut_at_the_ceiling(hostile: Hostile, transport: str) -> None:
     async def call() -> None:
         async with EloquentClient(hostile.http, transport=transport, verify=False,  # type: ignore[arg-type]
-                                  h3_port=hostile.udp, timeout=30, path_memory=PathMemory()) as client:
-            async with client.stream("POST", "/endless-error", json={"stream": True}):
-                pass
+                                  h3_port=hostile.udp, timeout=30, path_memory=PathMemory()) as client, \
+                client.stream("POST", "/endless-error", json={"stream": True}):
+            pass
 
     used, error = await peak(call)
     assert isinstance(error, HTTPStatusError) and error.status == 500, error
@@ -95,9 +95,9 @@ async def test_an_endless_error_body_is_cut_at_the_ceiling(hostile: Hostile, tra
 async def test_endless_fallback_records_are_a_typed_error_within_the_buffer_limit(hostile: Hostile) -> None:
     async def call() -> None:
         async with EloquentClient(hostile.http, transport="eloquent", verify=False, h3_port=hostile.udp,
-                                  timeout=30, path_memory=PathMemory(), limits=BUDGET) as client:
-            async with client.stream("POST", "/endless-fallback", json={"stream": True}) as stream:
-                await stream.text()
+                                  timeout=30, path_memory=PathMemory(), limits=BUDGET) as client, \
+                client.stream("POST", "/endless-fallback", json={"stream": True}) as stream:
+            await stream.text()
 
     used, error = await peak(call)
     assert isinstance(error, ServerLimitExceeded) and isinstance(error, ClientError), repr(error)

@@ -233,7 +233,7 @@ async def sdk_reads(client: openai.AsyncOpenAI, mode: str, **extra: Any) -> list
 @pytest.mark.parametrize(("mode", "extra"), [("empty-reason", {}), ("n2-cut", {"n": 2}), ("bad-utf8", {})])
 async def test_the_openai_sdk_raises_over_sse_and_http3(upstream: Upstream, mode: str,
                                                         extra: dict[str, Any]) -> None:
-    make = lambda: EloquentMiddleware(create_openai_gateway(upstream.url, CONFIG), CONFIG)  # noqa: E731
+    make = lambda: EloquentMiddleware(create_openai_gateway(upstream.url, CONFIG), CONFIG)
     with run_in_thread(make()) as served:
         client = openai.AsyncOpenAI(base_url=f"{served}/v1", api_key="-", max_retries=0)
         with pytest.raises(openai.APIError, match="ended before the generation finished|invalid UTF-8"):

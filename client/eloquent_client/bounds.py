@@ -11,10 +11,9 @@ from collections.abc import Collection
 
 import httpx
 
-from eloquent_plugins.core.errors import EloquentError, LimitExceeded, ProtocolError
-
 from eloquent_client.errors import ClientError
 from eloquent_client.paths import MAX_ALT_SVC_AGE
+from eloquent_plugins.core.errors import EloquentError, LimitExceeded, ProtocolError
 
 MAX_ERROR_BODY = 64 << 10
 """Bytes of a non-200 (or non-SSE) body kept for ``HTTPStatusError``; the rest is not read (the response is

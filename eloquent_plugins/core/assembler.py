@@ -17,7 +17,6 @@ from eloquent_plugins.core.events import EventKind, StreamEvent
 from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.receiver import EloquentReceiver, ReceiverConfig
 
-
 HELD_OVERHEAD = 128
 """Bytes counted per held event besides its payload (the objects around it): empty events are not free."""
 

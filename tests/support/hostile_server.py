@@ -24,7 +24,12 @@ from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.h3.connection import H3_ALPN, H3Connection
 from aioquic.h3.events import HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.events import ConnectionTerminated, QuicEvent, StopSendingReceived, StreamReset
+from aioquic.quic.events import (
+    ConnectionTerminated,
+    QuicEvent,
+    StopSendingReceived,
+    StreamReset,
+)
 
 from eloquent_plugins.core.control import encode_fallback
 from eloquent_plugins.core.events import StreamEvent
