@@ -115,3 +115,35 @@ def test_a_client_that_never_acks_is_noticed() -> None:
     assert not server.stalled(4.0) and server.stalled(5.5)
     deadline = server.next_deadline()
     assert deadline is not None and deadline <= 5.0
+
+
+# ---- a hostile server's fallback records (issue 28) -----------------------------------------------------------
+def test_fallback_records_after_the_final_event_are_not_held() -> None:
+    from eloquent_plugins.core.control import encode_fallback
+    from eloquent_plugins.core.events import StreamEvent
+
+    _, client, _ = drive(0.0, 1)
+    assert client.complete
+    for i in range(2000):  # what a hostile server may go on sending once the stream is complete
+        client.on_control(encode_fallback([StreamEvent(i, b"x" * 64), StreamEvent(10_000 + i, b"y" * 64)]))
+    assert client._pending == {} and client._pending_bytes == 0
+
+
+def test_out_of_order_fallback_events_are_bounded_even_when_empty() -> None:
+    from eloquent_plugins.core.assembler import HELD_OVERHEAD
+    from eloquent_plugins.core.control import encode_fallback
+    from eloquent_plugins.core.events import StreamEvent
+    from eloquent_plugins.core.limits import Limits
+
+    limit = 64 << 10
+    client = EloquentAssembler(SID, Limits(max_buffered_bytes=limit))
+    with pytest.raises(LimitExceeded, match="out of order"):
+        for i in range(limit):  # empty payloads past a gap: never renderable, each one still costs
+            client.on_control(encode_fallback([StreamEvent(1 + i, b"")]))
+    assert len(client._pending) <= limit // HELD_OVERHEAD + 1
+    # Events that arrive in order are rendered and released: the count goes back down.
+    done = EloquentAssembler(SID, Limits(max_buffered_bytes=limit))
+    done.on_control(encode_fallback([StreamEvent(i, b"z" * 100) for i in range(1, 200)]))
+    assert done._pending_bytes == 199 * (100 + HELD_OVERHEAD)
+    assert [e.index for e in done.on_control(encode_fallback([StreamEvent(0, b"a")]))] == list(range(200))
+    assert done._pending == {} and done._pending_bytes == 0

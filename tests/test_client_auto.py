@@ -5,8 +5,8 @@ listener, or a relay that drops everything), the UDP port learnt from ``Alt-Svc`
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from eloquent_client import (
@@ -31,8 +31,13 @@ HANDSHAKE_GIVES_UP = 2.0
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    with eloquent_serve("--tpot", "0.005", "--ttft", "0.02", certs=str(tmp_path_factory.mktemp("certs"))) as s:
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("certs")
+
+
+@pytest.fixture(scope="module")
+def served(certs: Path) -> Iterator[Served]:
+    with eloquent_serve("--tpot", "0.005", "--ttft", "0.02", certs=str(certs)) as s:
         yield s
 
 
@@ -105,9 +110,18 @@ async def _fallback_and_memory(served: Served, relay: Relay | None, monkeypatch:
         assert counter.count == handshakes
 
 
-async def test_auto_learns_the_udp_port_from_alt_svc(served: Served) -> None:
+async def test_auto_learns_the_udp_port_from_alt_svc(served: Served, certs: Path) -> None:
+    # Another port than the URL's is followed only when the caller allows it and the certificate is verified
+    # (issue 28): with verify=False, or without alt_svc_ports, the advertised port is not used.
+    for options in ({"verify": False, "alt_svc_ports": (served.udp_port,)}, {"verify": str(certs / "dev-cert.pem")}):
+        async with EloquentClient(served.http, path_memory=PathMemory(), h3_probe_timeout=0.5,
+                                  **options) as refusing:  # type: ignore[arg-type]
+            assert (await first_token_and_text(refusing, "Tell me about discovery."))[2] == "sse"
+            assert refusing.h3_port == served.port
+            assert (await first_token_and_text(refusing, "Tell me about discovery."))[2] == "sse"
     memory = PathMemory()
-    async with EloquentClient(served.http, verify=False, path_memory=memory, h3_probe_timeout=0.5) as client:
+    async with EloquentClient(served.http, verify=str(certs / "dev-cert.pem"), path_memory=memory,
+                              h3_probe_timeout=0.5, alt_svc_ports=(served.udp_port,)) as client:
         # TCP and UDP ports differ here: the first request probes the TCP port's number, finds no HTTP/3 there,
         # takes TCP, and reads where HTTP/3 really is from the response's Alt-Svc.
         _, _, delivery = await first_token_and_text(client, "Tell me about discovery.")

@@ -252,3 +252,65 @@ async def test_cert_hash_client_js_and_chat_are_served(cache, tmp_path) -> None:
     real = build_app(config, create_plugin_manager())
     async with httpx.AsyncClient(transport=httpx.ASGITransport(real), base_url="http://test") as client:
         assert (await client.get("/eloquent/cert-hash")).status_code == 404
+
+
+# ---- origins: browsers apply no CORS to WebTransport, so the front end checks (issue 28) ------------------------
+async def test_sessions_follow_the_cors_origin_policy_and_keep_the_connect_origin(cache) -> None:  # type: ignore[no-untyped-def]
+    seen: list[bytes | None] = []
+    inner = served_app()
+
+    async def recording(scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] == "http":
+            seen.append(dict(scope["headers"]).get(b"origin"))
+        await inner(scope, receive, send)
+
+    srv = await start(recording, options=FrontEndOptions(cors_origins=("https://good.example",)))
+    authority = f"127.0.0.1:{srv.port}"
+    try:
+        async with wt_connect("127.0.0.1", srv.port) as proto:
+            for origin, status in (("https://evil.example", 403), ("null", 403), ("http://localhost", 403),
+                                   (f"https://127.0.0.1:{srv.port + 1}", 403), ("https://good.example", 200),
+                                   ("https://good.example/", 200), (f"http://{authority}", 200), (None, 200)):
+                session = await open_session(proto, authority, origin=origin)
+                assert session.status == status, (origin, session.status)
+            assert seen == []  # no refused session reached the app
+            good = await open_session(proto, authority, origin="https://good.example")
+            # A head that claims another Origin: the app sees the CONNECT's (the checked one).
+            response = await good.request(PATH, chat(5, seed=9), headers={"Origin": "https://evil.example"})
+            assert response.status == 200 and response.events
+            assert seen == [b"https://good.example"]
+    finally:
+        await srv.close()
+    assert FrontEndOptions().origin_policy().allows(None, b"x:1")  # a non-browser client, as before
+    star = FrontEndOptions(cors_origins=("*",)).origin_policy()
+    assert star.allows(b"https://anything.example", b"127.0.0.1:4433")
+
+
+async def test_a_cross_origin_form_post_never_starts_a_generation() -> None:
+    from eloquent_plugins.transports.cors import CorsMiddleware
+
+    started: list[str] = []
+    inner = served_app()
+
+    async def counting(scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] == "http" and scope["method"] == "POST":
+            started.append(scope["path"])
+        await inner(scope, receive, send)
+
+    app = CorsMiddleware(counting, "https://good.example")
+    body = json.dumps(chat(5, seed=10))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://server.test") as client:
+        for origin, content_type in (("https://evil.example", "text/plain"), ("https://good.example", "text/plain"),
+                                     ("null", "application/x-www-form-urlencoded"), ("https://evil.example", None)):
+            headers = {"origin": origin, **({"content-type": content_type} if content_type else {})}
+            refused = await client.post(PATH, content=body, headers=headers)
+            assert refused.status_code == 415, (origin, content_type)
+            assert refused.json()["error"]["code"] == "unsupported_media_type"
+        assert started == []
+        # JSON (a browser preflights it), a same-origin page, and a non-browser client are served as before.
+        for headers in ({"origin": "https://good.example", "content-type": "application/json"},
+                        {"origin": "http://server.test", "content-type": "text/plain"},
+                        {"content-type": "text/plain"}):
+            ok = await client.post(PATH, content=body, headers=headers)
+            assert ok.status_code == 200, (headers, ok.status_code, ok.text[:200])
+        assert len(started) == 3

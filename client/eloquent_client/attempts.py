@@ -17,9 +17,11 @@ from typing import Any
 import httpx
 import httpx2
 
+from eloquent_plugins.core.errors import LimitExceeded
 from eloquent_plugins.core.protocol import BadEventId, parse_event_id
 from eloquent_plugins.core.sse_reader import SSEParser
 
+from eloquent_client.bounds import MAX_ERROR_BODY, client_error, read_capped
 from eloquent_client.errors import (
     ClientError,
     ConnectError,
@@ -105,7 +107,7 @@ async def open_h3(conn: Http3ClientConnection, method: str, path: str, headers: 
             import asyncio
 
             try:
-                raw = await asyncio.wait_for(h3.read(), timeout)
+                raw = await asyncio.wait_for(h3.read(MAX_ERROR_BODY), timeout)
             except TimeoutError:
                 raw = b""
             if resuming and h3.status == 204:
@@ -139,6 +141,8 @@ class SseAttempt(Attempt):
                     yield index, ClientEvent(index, message.data, now, event=message.event, id=message.id)
         except TRANSPORT_ERRORS as exc:
             raise StreamBroken(f"the SSE connection broke: {type(exc).__name__}: {exc}") from exc
+        except LimitExceeded as exc:  # the parser's ceiling (an SSE message over 4 MiB): a ClientError
+            raise client_error(exc) from exc
 
     async def aclose(self) -> None:
         await self.response.aclose()
@@ -161,7 +165,7 @@ async def open_sse(http: Any, method: str, url: str, headers: Mapping[str, str],
             return None
         content_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
         if response.status_code != 200 or content_type != "text/event-stream":
-            raw = await response.aread()
+            raw = await read_capped(response)  # an endless error body is cut at MAX_ERROR_BODY
             raise status_error(response.status_code, raw, response.headers, f"{method} {url}", resuming)
     except TRANSPORT_ERRORS as exc:
         await response.aclose()

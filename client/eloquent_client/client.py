@@ -32,7 +32,7 @@ import contextlib
 import dataclasses
 import json as jsonlib
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal, Self
 from urllib.parse import urlsplit
@@ -44,6 +44,7 @@ from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.protocol import ALT_SVC_HEADER, DATAGRAM, SCHEME_HEADER, STREAM_HEADER, TRANSPORT_HEADER
 
 from eloquent_client.attempts import CONNECT_ERRORS, TRANSPORT_ERRORS, Attempt, open_h3, open_sse
+from eloquent_client.bounds import alt_svc_port
 from eloquent_client.errors import (
     ClientError,
     ConnectError,
@@ -76,11 +77,14 @@ class EloquentClient:
                  headers: Mapping[str, str] | None = None, timeout: float = 30.0, limits: Limits | None = None,
                  http_client: Any = None, h3_probe_timeout: float = 0.1, stream_idle_timeout: float | None = 3.0,
                  quic_idle_timeout: float = 60.0, resume: bool = True, max_resumes: int = 8,
-                 udp_retry_after: float = DEFAULT_UDP_RETRY_AFTER, path_memory: PathMemory | None = None) -> None:
+                 udp_retry_after: float = DEFAULT_UDP_RETRY_AFTER, path_memory: PathMemory | None = None,
+                 alt_svc_ports: Collection[int] | None = None) -> None:
         """``verify``: True, False (development only) or a CA/certificate file. ``timeout``: connect (HTTP/3 and
         TCP), response head and resume deadline. ``h3_probe_timeout``: ``auto``'s head start for QUIC, after which
         TCP races it (the handshake goes on). ``stream_idle_timeout``: silence after which an HTTP/3 path is
-        dead (None: only QUIC's ``quic_idle_timeout``). ``max_resumes``: cuts one stream may survive."""
+        dead (None: only QUIC's ``quic_idle_timeout``). ``max_resumes``: cuts one stream may survive.
+        ``alt_svc_ports``: UDP ports besides the URL's own that an ``Alt-Svc`` header may send HTTP/3 to (default
+        none; never with ``verify=False``: see ``bounds.alt_svc_port``)."""
         if transport not in TRANSPORTS:
             raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
         if scheme is not None and scheme not in ("eloquent", "duplicate", "stream"):
@@ -114,6 +118,7 @@ class EloquentClient:
         self._tcp_port = parts.port or default_port
         self._origin = f"{parts.scheme}://{parts.hostname}:{self._tcp_port}"
         self._h3_port = h3_port
+        self._alt_svc_ports = tuple(alt_svc_ports or ())
         self._prefix = parts.path.rstrip("/")
         self._h3: Http3ClientConnection | None = None
         self._h3_lock = asyncio.Lock()
@@ -136,7 +141,8 @@ class EloquentClient:
     @property
     def h3_port(self) -> int:
         """The UDP port HTTP/3 is tried on now."""
-        return self._h3_port or self.memory.h3_port(self._origin) or self._tcp_port
+        learned = alt_svc_port(self.memory.h3_port(self._origin), self._tcp_port, self._alt_svc_ports, self.verify)
+        return self._h3_port or learned or self._tcp_port
 
     def _h3_up_now(self) -> Http3ClientConnection | None:
         return self._h3 if self._h3 is not None and not self._h3.closed else None

@@ -22,6 +22,7 @@ from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.protocol import DATAGRAM, REQUEST_ID_HEADER, TRANSPORT_HEADER
 from eloquent_plugins.core.sse_reader import SSEParser
 
+from eloquent_client.bounds import client_error
 from eloquent_client.errors import ClientError, IncompleteStream, StreamBroken
 from eloquent_client.events import ClientEvent
 
@@ -185,6 +186,8 @@ class H3Stream:
             self._items.put_nowait(None)
 
     def _fail(self, error: BaseException) -> None:
+        if isinstance(error, EloquentError):  # a core error (the SSE parser's LimitExceeded): a ClientError
+            error = client_error(error)
         if not self._headers_ready.done():
             self._headers_ready.set_exception(error)
             self._headers_ready.exception()  # mark retrieved
@@ -234,9 +237,11 @@ class H3Stream:
                 continue
             yield item
 
-    async def read(self) -> bytes:
-        """The whole body of a non-SSE response."""
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole body of a non-SSE response; with ``limit``, at most that many bytes (a longer body is cut
+        there and not read on: the caller cancels the stream)."""
         parts: list[bytes] = []
+        size = 0
         while True:
             item = await self._items.get()
             if item is None:
@@ -245,6 +250,9 @@ class H3Stream:
                 raise item
             if isinstance(item, bytes):
                 parts.append(item)
+                size += len(item)
+                if limit is not None and size >= limit:
+                    return b"".join(parts)[:limit]
 
     def cancel(self) -> None:
         """Abandon the request (the server sees a disconnect) unless it already completed."""

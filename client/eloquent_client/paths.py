@@ -10,6 +10,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+MAX_ALT_SVC_AGE = 86400.0
+"""The longest an ``Alt-Svc`` entry is kept, whatever its ``ma`` (RFC 7838's default; ``bounds`` re-exports it)."""
 DEFAULT_UDP_RETRY_AFTER = 60.0
 """The longest a blocked UDP path is skipped before it is tried again (the backoff's ceiling)."""
 UDP_RETRY_FIRST = 2.0
@@ -70,7 +72,7 @@ class PathMemory:
                 return
             service = parse_alt_svc(alt_svc)
             if service is not None and not service.host:  # another host would need its own certificate check
-                self._alt[origin] = (service, now + service.max_age)
+                self._alt[origin] = (service, now + min(service.max_age, MAX_ALT_SVC_AGE))  # 400-digit ma: a day
 
     def mark_broken(self, host: str, port: int, retry_after: float = DEFAULT_UDP_RETRY_AFTER,
                     now: float | None = None) -> float:

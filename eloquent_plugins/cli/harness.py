@@ -223,13 +223,14 @@ class Harness:
 
 @asynccontextmanager
 async def harness(conditions: Conditions, workload: Workload, *, record: bool = False,
-                  redundancy: str | int | None = None) -> AsyncIterator[Harness]:
+                  redundancy: str | int | None = None, page_origins: tuple[str, ...] = ()) -> AsyncIterator[Harness]:
     """``record``: the relay keeps every packet (per-token timelines); ``redundancy``: the datagram senders'
-    ``SenderConfig.redundancy`` (None: the default)."""
+    ``SenderConfig.redundancy`` (None: the default); ``page_origins``: pages that may open WebTransport sessions."""
     app = create_engine_app(EngineConfig(ttft=workload.ttft, tpot=workload.tpot,
                                          max_tokens_limit=max(8192, workload.max_tokens)))
     server = await start_http3_server(app, host="127.0.0.1", port=0, config=StreamConfig(),
-                                      options=FrontEndOptions(record_timings=True, sender_redundancy=redundancy))
+                                      options=FrontEndOptions(record_timings=True, sender_redundancy=redundancy,
+                                                              cors_origins=page_origins))
     try:
         path = conditions.path()
         relay = await start_relay(RelayConfig(target=("127.0.0.1", server.port), upstream=path, downstream=path,

@@ -12,10 +12,17 @@ A stream that ends short, or whose digest does not match, raises ``core.errors.I
 from __future__ import annotations
 
 from eloquent_plugins.core.control import ControlParser, Fallback, StreamDigest, Trailer
-from eloquent_plugins.core.errors import IncompleteStream
+from eloquent_plugins.core.errors import IncompleteStream, LimitExceeded
 from eloquent_plugins.core.events import EventKind, StreamEvent
 from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.receiver import EloquentReceiver, ReceiverConfig
+
+HELD_OVERHEAD = 128
+"""Bytes counted per held event besides its payload (the objects around it): empty events are not free."""
+
+
+def _held(event: StreamEvent) -> int:
+    return len(event.payload) + HELD_OVERHEAD
 
 
 class EloquentAssembler:
@@ -27,6 +34,9 @@ class EloquentAssembler:
         self.fallback_events = 0
         self._next = 0
         self._pending: dict[int, StreamEvent] = {}
+        self._pending_bytes = 0
+        self._max_pending = limits.max_buffered_bytes
+        """Ceiling on the payload bytes of control-record events held until their turn (out of order)."""
         self._digest = StreamDigest()
         self._final: StreamEvent | None = None
 
@@ -53,9 +63,19 @@ class EloquentAssembler:
         return self.receiver.datagrams_to_send(now)
 
     def _stash(self, events: list[StreamEvent]) -> None:
+        """Hold control-record events until their turn: none after the final event (nothing can come after it),
+        none past the trailer's final index, and at most ``max_buffered_bytes`` of them (``LimitExceeded``), so
+        a server that sends fallback records forever cannot make the client hold them forever."""
+        last = self.trailer.final.index if self.trailer is not None else None
         for event in events:
-            if event.index >= self._next:
-                self._pending[event.index] = event
+            if event.index < self._next or self._final is not None or (last is not None and event.index > last):
+                continue
+            old = self._pending.get(event.index)
+            self._pending_bytes += _held(event) - (_held(old) if old is not None else 0)
+            self._pending[event.index] = event
+        if self._pending_bytes > self._max_pending:
+            raise LimitExceeded(f"control records hold {self._pending_bytes} bytes of events out of order "
+                                f"(limit {self._max_pending})")
 
     def _render(self, events: list[StreamEvent]) -> list[StreamEvent]:
         out = [e for e in events if e.index >= self._next and self._final is None]
@@ -68,7 +88,7 @@ class EloquentAssembler:
     def _drain(self) -> list[StreamEvent]:
         out: list[StreamEvent] = []
         while self._final is None and self._next in self._pending:
-            event = self._pending.pop(self._next)
+            event = self._pending[self._next]  # popped (and uncounted) by _take
             self._take(event)
             out.append(event)
         return out
@@ -76,7 +96,9 @@ class EloquentAssembler:
     def _take(self, event: StreamEvent) -> None:
         self._digest.update(event.payload)
         self._next = event.index + 1
-        self._pending.pop(event.index, None)
+        held = self._pending.pop(event.index, None)
+        if held is not None:
+            self._pending_bytes -= _held(held)
         if event.kind is not EventKind.DATA:
             self._final = event
 

@@ -109,16 +109,16 @@ class ControlParser:
         self._buffer = bytearray()
 
     def feed(self, data: bytes) -> list[Record]:
-        self._buffer += data
+        start = len(self._buffer)  # the bytes before had no newline: search only the new ones (else a long
+        self._buffer += data       # record fed in small chunks costs O(n^2), issue 28)
         out: list[Record] = []
-        while True:
-            end = self._buffer.find(b"\n")
-            if end < 0:
-                break
+        end = self._buffer.find(b"\n", start)
+        while end >= 0:
             line = bytes(self._buffer[:end])
             del self._buffer[: end + 1]
             if line.strip():
                 out.append(self._record(line))
+            end = self._buffer.find(b"\n")
         if len(self._buffer) > self.max_record_bytes:
             raise LimitExceeded(f"control record above {self.max_record_bytes} bytes")
         return out

@@ -40,6 +40,27 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding"})
 """Never forwarded upstream: RFC 9110's hop-by-hop fields, plus what httpx sets itself (host, length, encoding)."""
 MAX_ERROR_BODY = 64 * 1024
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
+"""RFC 9110 9.2.2: methods a proxy may retry after a connection failure; POST and PATCH are not."""
+
+
+@dataclass(slots=True)
+class WriteWatch:
+    """httpcore's ``trace`` events of one send: whether a byte of the request can have gone out."""
+
+    traced: bool = False
+    writing: bool = False
+
+    async def trace(self, name: str, info: Mapping[str, Any]) -> None:
+        self.traced = True
+        if name.endswith(".send_request_headers.started"):
+            self.writing = True
+
+    @property
+    def nothing_sent(self) -> bool:
+        """True only when the transport reported its steps (httpcore) and none wrote the request; a transport
+        that reports nothing may have sent it all."""
+        return self.traced and not self.writing
 
 
 class Dialect(Protocol):
@@ -182,11 +203,19 @@ class UpstreamRelay:
                                          content=body, timeout=timeout)
 
     async def send_fresh_on_stale(self, upstream: httpx.Request) -> httpx.Response:
-        """Send; if the connection failed before any response byte, send once more on a new connection. The
-        common cause is a pooled connection the server closed while idle, which never saw the request."""
+        """Send; if the connection failed before any response byte, send once more on a new connection -- but only
+        when the upstream cannot have started the request: an idempotent method, or a failure before any byte of
+        the request was written (httpcore's trace says when writing began). A POST the upstream may have read is
+        never sent twice (a second generation): the caller turns the error into a 502 / in-band error. Stale
+        pooled connections the server closed while idle are dropped by httpcore before writing, and a short
+        ``keepalive_expiry`` keeps them rare."""
+        writing = WriteWatch()
+        upstream.extensions = {**upstream.extensions, "trace": writing.trace}
         try:
             return await self.client.send(upstream, stream=True)
         except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
+            if upstream.method not in IDEMPOTENT and not writing.nothing_sent:
+                raise
             return await self.client.send(upstream, stream=True)
 
     # -- the two kinds of answer
@@ -235,6 +264,11 @@ class UpstreamRelay:
                             space = not (message.raw.startswith(b"data:") and message.raw[5:6] != b" ")
                             first = False
                         payload = message.data.encode()
+                        if REPLACEMENT in payload and not utf8(message.raw):  # the parser replaced bad bytes
+                            for error in dialect.error(f"{self.label} upstream sent invalid UTF-8 in an event",
+                                                       "incomplete_generation", 502):
+                                yield format_event(error, space=space)
+                            return
                         dialect.observe(payload)
                         event = message.event if message.event != "message" else None
                         yield format_event(payload, event=event, space=space)
@@ -282,6 +316,18 @@ class UpstreamRelay:
         drop = HOP_BY_HOP - {"content-length"}
         out.raw_headers = [(k.lower(), v) for k, v in response.headers.raw if k.lower().decode("latin-1") not in drop]
         return out
+
+
+REPLACEMENT = "\ufffd".encode()
+"""U+FFFD: what the SSE parser puts for bytes that are not UTF-8 (or the upstream's own, which is fine)."""
+
+
+def utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 async def _read_limited(response: httpx.Response) -> bytes:

@@ -8,6 +8,7 @@ import asyncio
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import uvicorn
@@ -15,7 +16,12 @@ import uvicorn
 from eloquent_plugins.cli.app_factory import build_app
 from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.core.hooks.manager import create_plugin_manager
-from eloquent_plugins.transports.http3 import FrontEndOptions, Http3Server, start_http3_server
+from eloquent_plugins.transports.cors import CorsMiddleware, parse_origins
+from eloquent_plugins.transports.http3 import (
+    FrontEndOptions,
+    Http3Server,
+    start_http3_server,
+)
 
 
 def _free_tcp_port() -> int:
@@ -26,12 +32,17 @@ def _free_tcp_port() -> int:
 
 class ServeThread:
     def __init__(self, *, config: StreamConfig | None = None, options: FrontEndOptions | None = None,
-                 engine: dict[str, Any] | None = None, wrap: Callable[[Any], Any] | None = None) -> None:
-        """``wrap``: an ASGI wrapper around the app on TCP only (pages a test serves beside it)."""
+                 engine: dict[str, Any] | None = None, cors_origin: str | None = None,
+                 inner: Callable[[Any], Any] | None = None, wrap: Callable[[Any], Any] | None = None) -> None:
+        """``cors_origin``: as ``--cors-origin`` (CORS on both transports, WebTransport origins too); ``inner``: an
+        ASGI wrapper put around the app inside CORS, on both transports (a test's recorder); ``wrap``: one around
+        the app on TCP only (pages a test serves beside it)."""
         self.config = config or StreamConfig()
         self.wrap = wrap
         self.options = options or FrontEndOptions(record_timings=True)
         self.engine = engine or {"ttft": 0.05, "tpot": 0.02}
+        self.cors_origin = cors_origin
+        self.inner = inner
         self.port = _free_tcp_port()
         self.h3: Http3Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -56,8 +67,14 @@ class ServeThread:
         try:
             self._loop = asyncio.get_running_loop()
             app = build_app(self.config, create_plugin_manager(), engine_options=self.engine)
-            self.h3 = await start_http3_server(app, host="127.0.0.1", port=0, config=self.config,
-                                               options=self.options)
+            if self.inner is not None:
+                app = self.inner(app)
+            if self.cors_origin:  # as ``eloquent serve --cors-origin`` does
+                app = CorsMiddleware(app, self.cors_origin)
+            # pages served by uvicorn here are same-origin for the front end's WebTransport sessions
+            options = replace(self.options, page_ports=(*self.options.page_ports, self.port),
+                              cors_origins=parse_origins(self.cors_origin))
+            self.h3 = await start_http3_server(app, host="127.0.0.1", port=0, config=self.config, options=options)
             tcp_app = self.wrap(app) if self.wrap is not None else app
             self._server = uvicorn.Server(uvicorn.Config(tcp_app, host="127.0.0.1", port=self.port,
                                                          log_level="warning", lifespan="off"))

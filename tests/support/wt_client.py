@@ -162,13 +162,20 @@ def configuration() -> QuicConfiguration:
     return config
 
 
-async def open_session(protocol: _Protocol, authority: str, path: str = "/eloquent/wt") -> WTSession:
+SAME_ORIGIN = "same-origin"
+
+
+async def open_session(protocol: _Protocol, authority: str, path: str = "/eloquent/wt", *,
+                       origin: str | None = SAME_ORIGIN) -> WTSession:
+    """``origin``: the page's Origin header (default: a page of ``authority`` itself; None: no Origin header)."""
+    origin = f"https://{authority}" if origin == SAME_ORIGIN else origin
+    extra = [] if origin is None else [(b"origin", origin.encode())]
     session_id = protocol._quic.get_next_available_stream_id()
     protocol.heads[session_id] = asyncio.get_running_loop().create_future()
     protocol.streams[session_id] = asyncio.Queue()
     protocol.h3.send_headers(session_id, [
         (b":method", b"CONNECT"), (b":protocol", b"webtransport"), (b":scheme", b"https"),
-        (b":authority", authority.encode()), (b":path", path.encode()), (b"origin", b"http://localhost")])
+        (b":authority", authority.encode()), (b":path", path.encode()), *extra])
     protocol.transmit()
     headers = dict(await asyncio.wait_for(protocol.heads[session_id], 10))
     return WTSession(protocol, session_id, int(headers[b":status"]))

@@ -10,7 +10,8 @@ them over HTTP/3 -- and forwards each upstream event's payload byte for byte. Ev
 the middleware's stream metrics are at ``/eloquent/metrics`` (never proxied).
 
 The upstream's SSE quirks are tolerated: ``data:`` without the space (kept as is), comment keep-alives (passed on),
-a stream with or without ``[DONE]`` (one that ends after a ``finish_reason`` is complete), usage-only chunks.
+a stream with or without ``[DONE]`` (one that ends after every choice has a ``finish_reason`` is complete),
+usage-only chunks.
 What the upstream cannot report itself -- unreachable, a rejection after our 200 went out, a body that ends before
 the generation finished -- becomes an OpenAI error event, ``{"error": {"message", "type", "param", "code"}}``
 then ``[DONE]``, which the openai SDK raises as ``APIError``. A client that goes away cancels the relay, which
@@ -20,7 +21,7 @@ closes the upstream request, so the engine aborts it and frees the slot.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -45,8 +46,9 @@ SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8", "cache-contro
                "x-accel-buffering": "no"}
 """What vLLM, SGLang and LMDeploy (FastAPI) send; ``x-accel-buffering`` for nginx."""
 STREAM_ROUTES = ("/v1/chat/completions", "/v1/completions")
-_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')
-"""A chunk that ends a choice (``"finish_reason": null`` on every other chunk does not match)."""
+_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"[^"]')
+"""A chunk that may end a choice (``"finish_reason": null`` or ``""`` on every other chunk does not match); such a
+chunk is parsed to learn which choices it ends."""
 _ERROR_TYPES = {"validation": "invalid_request_error"}
 """The relay's failure kinds as OpenAI error types; anything else is the server's fault."""
 _CODEC = OpenAICodec()
@@ -61,13 +63,34 @@ def _error_payload(message: str, error_type: str, status: int) -> bytes:
     return _CODEC.error_payload(message, error_type=_ERROR_TYPES.get(error_type, "server_error"), status=status)
 
 
+def _choices_expected(obj: dict[str, Any]) -> int:
+    """How many choices the request asks for: ``n`` per prompt (a completions ``prompt`` may be a list of prompts)."""
+    n = obj.get("n", 1)
+    n = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+    prompt = obj.get("prompt")
+    prompts = len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else 1
+    return n * prompts
+
+
+def _finished_indices(payload: bytes) -> set[int]:
+    """The choices a chunk ends: those with a non-empty string ``finish_reason``."""
+    obj = json_object(payload)
+    choices = obj.get("choices") if obj is not None else None
+    if not isinstance(choices, list):
+        return set()
+    return {c.get("index", 0) if isinstance(c.get("index", 0), int) else -1 for c in choices
+            if isinstance(c, dict) and isinstance(c.get("finish_reason"), str) and c["finish_reason"]}
+
+
 @dataclass(slots=True)
 class _OpenAIStream:
     """One chat or completions stream: complete at ``[DONE]``, an upstream error event, or -- for servers that
-    send no ``[DONE]`` -- once a choice has a ``finish_reason``."""
+    send no ``[DONE]`` -- once every choice the request asked for has a non-empty ``finish_reason`` (a stream cut
+    with one of ``n=2`` choices unfinished, or with ``"finish_reason": ""`` everywhere, is not complete)."""
 
+    expected: int = 1
     done: bool = False
-    finished: bool = False
+    finished: set[int] = field(default_factory=set)
 
     def observe(self, payload: bytes) -> None:
         if self.done:
@@ -75,7 +98,7 @@ class _OpenAIStream:
         if payload.strip() == DONE:
             self.done = True
         elif _FINISHED.search(payload):
-            self.finished = True
+            self.finished |= _finished_indices(payload)
         elif b"error" in payload:
             obj = json_object(payload)
             if obj is not None and (obj.get("error") is not None or obj.get("object") == "error"):
@@ -99,13 +122,13 @@ class _OpenAIStream:
         return self.error(error_text(obj, body) or f"upstream answered HTTP {status}", kind, status)
 
     def unfinished(self) -> list[bytes]:
-        if self.done or self.finished:
+        if self.done or all(i in self.finished for i in range(self.expected)):
             return []
         return self.error("upstream stream ended before the generation finished", "incomplete_generation", 502)
 
 
 def _stream(obj: dict[str, Any]) -> _OpenAIStream | None:
-    return _OpenAIStream() if obj.get("stream") is True else None
+    return _OpenAIStream(_choices_expected(obj)) if obj.get("stream") is True else None
 
 
 def _error_response(message: str, error_type: str, status: int) -> Response:

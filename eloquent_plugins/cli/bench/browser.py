@@ -54,9 +54,9 @@ async def run_browser(conditions: Conditions, workload: Workload,
     from eloquent_plugins.cli.bench.procs import free_port
     from eloquent_plugins.transports.browser import BrowserRoutes
 
-    async with harness(conditions, workload) as h:
+    port = free_port()  # the page's origin, another port than the relay's: allowed like --cors-origin allows it
+    async with harness(conditions, workload, page_origins=(f"http://127.0.0.1:{port}",)) as h:
         references = await reference_texts(h, workload)
-        port = free_port()
         pages = uvicorn.Server(uvicorn.Config(BrowserRoutes(_not_found), host="127.0.0.1", port=port,
                                               log_level="warning", lifespan="off"))
         serving = asyncio.ensure_future(pages.serve())

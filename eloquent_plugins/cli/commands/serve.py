@@ -84,12 +84,15 @@ async def serve(args: argparse.Namespace, config) -> int:  # type: ignore[no-unt
                                            http=header_timeout_protocol(config.header_timeout, config.socket_send_buffer)))
     h3 = None
     if config.stream_transport == "eloquent":
+        from eloquent_plugins.transports.cors import parse_origins
         from eloquent_plugins.transports.http3.server import FrontEndOptions, start_http3_server
 
         udp_port = config.eloquent_port if config.eloquent_port is not None else args.port
         try:
             h3 = await start_http3_server(app, host=args.host, port=udp_port, config=config, plugin_manager=pm,
-                                          options=FrontEndOptions.from_env(retry=args.quic_retry))
+                                          options=FrontEndOptions.from_env(
+                                              retry=args.quic_retry, cors_origins=parse_origins(args.cors_origin),
+                                              page_ports=(args.port,)))
         except OSError as exc:  # certificate trouble is a ConfigError already: this is the bind
             raise listen_error(exc, "udp", args.host, udp_port) from None
         log.info("HTTP/3 (Eloquent datagrams) on udp://%s:%s", args.host, h3.port)

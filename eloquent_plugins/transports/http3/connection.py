@@ -80,7 +80,7 @@ class Http3Connection(H3Protocol):
         self.terminated = False
         self.error_code: int | None = None
         path = state.options.webtransport_path
-        self.webtransport = WebTransportSessions(self, path) if path else None
+        self.webtransport = WebTransportSessions(self, path, state.options.origin_policy()) if path else None
         """Browser sessions (docs/BROWSER.md); None when ``webtransport_path`` is off."""
         if not state.options.pacing:
             disable_pacing(self.quic)

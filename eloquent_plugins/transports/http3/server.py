@@ -28,6 +28,7 @@ from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.hooks.manager import codecs
 from eloquent_plugins.core.protocol import QUIC_MAX_DATAGRAM_SIZE
 from eloquent_plugins.h3glue import ALPN, RETRY_MODES, AdmissionStats, GuardedQuicServer, server_sockname
+from eloquent_plugins.transports.cors import OriginPolicy, parse_origins
 from eloquent_plugins.transports.http3.certs import dev_certificate, dev_pair, renewal_due, resolve_certificate
 from eloquent_plugins.transports.http3.connection import Http3Connection
 from eloquent_plugins.transports.http3.lifespan import Lifespan
@@ -65,6 +66,12 @@ class FrontEndOptions:
     """A connection whose handshake is not complete by then is dropped, nothing sent (not kept ``idle_timeout``)."""
     webtransport_path: str | None = DEFAULT_PATH
     """Where browsers open WebTransport sessions (docs/BROWSER.md); None or "" turns WebTransport off."""
+    cors_origins: tuple[str, ...] = ()
+    """Page origins besides the same-origin ones that may open WebTransport sessions (``--cors-origin``, ``*``:
+    any); another origin's session gets 403 (browsers apply no CORS to WebTransport)."""
+    page_ports: tuple[int, ...] = ()
+    """TCP ports on the same host whose pages count as same-origin (the port pages are served from, when the
+    HTTP/3 port differs or the browser reaches this port through a relay)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> FrontEndOptions:
@@ -82,6 +89,9 @@ class FrontEndOptions:
                 raise ConfigError(f"ELOQUENT_QUIC_{f.name.upper()}={raw!r} is not a valid {kind.__name__}") from None
         values.update({k: v for k, v in overrides.items() if v is not None})
         return replace(cls(), **values)
+
+    def origin_policy(self) -> OriginPolicy:
+        return OriginPolicy(parse_origins(self.cors_origins), tuple(self.page_ports))
 
     def check(self) -> None:
         if not (self.idle_timeout > 0 and self.fallback_after > 0 and self.handshake_timeout > 0):

@@ -13,6 +13,10 @@ A browser opens a session (extended CONNECT, ``:protocol webtransport``) on the 
 
 A session that ends (the CONNECT stream closed or reset) takes its requests with it: the browser continues each
 one over SSE with ``Last-Event-ID``.
+
+Browsers apply no CORS to WebTransport, so the session's ``Origin`` is checked here against the same policy as
+CORS (``FrontEndOptions.cors_origins``, ``--cors-origin``; same-origin pages always): another origin gets 403.
+The ``Origin`` the app sees on each request is the CONNECT's, whatever the request's JSON head says.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from aioquic.h3.events import HeadersReceived, WebTransportStreamDataReceived
 from eloquent_plugins.core.errors import DecodeError
 from eloquent_plugins.core.protocol import H3_REQUEST_CANCELLED
 from eloquent_plugins.core.wire import peek_stream_id
+from eloquent_plugins.transports.cors import OriginPolicy
 from eloquent_plugins.transports.http3.guards import Rejection
 
 if TYPE_CHECKING:
@@ -103,9 +108,10 @@ def status_line(headers: list[tuple[bytes, bytes]], stream_id: int) -> bytes:
 class WebTransportSessions:
     """The WebTransport sessions of one connection and the request streams they carry."""
 
-    def __init__(self, conn: Http3Connection, path: str) -> None:
+    def __init__(self, conn: Http3Connection, path: str, policy: OriginPolicy | None = None) -> None:
         self.conn = conn
         self.path = path.encode()
+        self.policy = policy or OriginPolicy()
         self.sessions: dict[int, Session] = {}
         self.stream_session: dict[int, int] = {}
         """Request stream id -> its session id (for the datagram prefix, the wire, and routing acks)."""
@@ -121,6 +127,8 @@ class WebTransportSessions:
         path = (pseudo.get(b":path") or b"").partition(b"?")[0]
         if path != self.path:
             status = b"404"
+        elif not self.policy.allows(origin, pseudo.get(b":authority")):
+            status = b"403"  # a page on an origin the CORS policy excludes (browsers leave this check to us)
         elif len(self.sessions) >= conn.limits.max_streams:
             status = b"429"
         else:
@@ -131,7 +139,7 @@ class WebTransportSessions:
             headers.append((b"sec-webtransport-http3-draft", b"draft02"))
         if conn.send_headers(event.stream_id, headers, end_stream=status != b"200"):
             conn.transmit()
-        log.debug("WebTransport session %d on %r: %s", event.stream_id, path, status.decode())
+        log.debug("WebTransport session %d on %r from %r: %s", event.stream_id, path, origin, status.decode())
 
     def is_session(self, stream_id: int) -> bool:
         return stream_id in self.sessions
@@ -209,7 +217,8 @@ class WebTransportSessions:
             return
         if session.authority and not any(k == b"host" for k, _ in headers):
             headers.insert(0, (b"host", session.authority))
-        if session.origin and not any(k == b"origin" for k, _ in headers):
+        headers = [(k, v) for k, v in headers if k != b"origin"]  # the CONNECT's Origin only (checked)
+        if session.origin:
             headers.append((b"origin", session.origin))
         request = conn.open_request(stream_id, method, path, headers, ended=False, transport="webtransport")
         if request is not None:
