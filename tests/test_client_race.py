@@ -81,7 +81,9 @@ async def test_fresh_connects_through_loss_all_end_on_datagrams(served: Served, 
     for prompt, text, deliveries in results:
         assert text == expected[prompt]
         assert deliveries[-1] == "datagram", deliveries  # every stream ends on datagrams
-        assert set(deliveries) <= {"sse", "datagram"}
+        # "h3-stream" on the way: the request reached the server before the client's SETTINGS (lost packets), so
+        # it was served on the request stream; it moved to datagrams like one that began on TCP.
+        assert set(deliveries) <= {"sse", "h3-stream", "datagram"}, deliveries
     assert memory.marked == [], memory.marked  # a handshake that lost packets is not a blocked path
     assert lossy_relay.stats.upstream.dropped + lossy_relay.stats.downstream.dropped > 0
 
