@@ -25,7 +25,8 @@ from aioquic.asyncio import server as aioquic_server
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.asyncio.server import QuicServer
 from aioquic.buffer import Buffer
-from aioquic.h3.connection import H3Connection, Setting
+from aioquic.buffer import encode_uint_var
+from aioquic.h3.connection import FrameType, H3Connection, Setting, encode_frame
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE
 from aioquic.quic.connection import QuicConnection, QuicConnectionState
 from aioquic.quic.crypto import CryptoError, CryptoPair
@@ -266,6 +267,16 @@ class DatagramH3Connection(H3Connection):
     @property
     def settings_received(self) -> bool:
         return self._received_settings is not None
+
+    def send_goaway(self, stream_id: int) -> bool:
+        """HTTP/3 GOAWAY (RFC 9114 section 5.2) on our control stream: requests on ``stream_id`` and above will
+        not be served here, the client opens a new connection for them. aioquic has no public API for it (its
+        client ignores a GOAWAY it receives, which is allowed). False before the control stream exists."""
+        control = self._local_control_stream_id
+        if control is None:
+            return False
+        self._quic.send_stream_data(control, encode_frame(FrameType.GOAWAY, encode_uint_var(stream_id)))
+        return True
 
 
 # ---- the listener: aioquic's QuicServer, hardened against floods of fake Initials ------------------------------

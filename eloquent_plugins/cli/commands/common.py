@@ -58,6 +58,10 @@ def add_server_settings(parser: argparse.ArgumentParser) -> None:
     add_setting(parser, "--max-streams-per-client", type=numbers.count, default=_D.max_streams_per_client,
                 metavar="N", help="live SSE streams one caller (credentials, else client IP) may hold; above it "
                 "429; 0 = unlimited")
+    add_setting(parser, "--drain-timeout", type=numbers.seconds, default=_D.drain_timeout, metavar="SECONDS",
+                help="on SIGTERM or POST /eloquent/drain: /ready turns 503, new streams get 503 + Retry-After, "
+                "streams in flight run on this long, then are handed over (clients resume on another replica) "
+                "and the server exits")
     add_setting(parser, "--cors-origin", default=None, metavar="ORIGINS", shown="no CORS headers",
                 help="let browser pages on these origins (comma-separated, or *) call the API: answers preflights "
                 "and exposes the x-eloquent-stream header")
@@ -74,7 +78,7 @@ def stream_config(args: argparse.Namespace, **overrides: object) -> StreamConfig
     """The shared settings (already resolved CLI > environment > default) over ``StreamConfig.from_env``."""
     values: dict[str, object] = {}
     for name in ("keepalive", "eloquent_port", "certfile", "keyfile", "resume_store", "header_timeout",
-                 "body_timeout", "max_streams_per_client"):
+                 "body_timeout", "max_streams_per_client", "drain_timeout"):
         if getattr(args, name, None) is not None:
             values[name] = getattr(args, name)
     transport = getattr(args, "stream_transport", None)

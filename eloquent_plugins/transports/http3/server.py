@@ -29,6 +29,7 @@ from eloquent_plugins.core.hooks.manager import codecs
 from eloquent_plugins.core.protocol import QUIC_MAX_DATAGRAM_SIZE
 from eloquent_plugins.h3glue import ALPN, RETRY_MODES, AdmissionStats, GuardedQuicServer, server_sockname
 from eloquent_plugins.transports.http3.certs import dev_certificate, dev_pair, renewal_due, resolve_certificate
+from eloquent_plugins.transports.drain import DrainState
 from eloquent_plugins.transports.http3.connection import Http3Connection
 from eloquent_plugins.transports.http3.lifespan import Lifespan
 
@@ -117,6 +118,15 @@ class ServerState:
     sends: OrderedDict[str, tuple[Any, list[tuple[float, bytes, int]]]] = field(default_factory=OrderedDict)
     """With ``record_timings``: per request, its peer and (time, datagram, transmit number) of each datagram."""
     closed_with_error: int = 0
+    drain: Any = None
+    """The server's ``transports.drain.Drain``: GOAWAY when it begins, every connection closed when it is done."""
+
+    def on_drain(self, state: DrainState) -> None:
+        for conn in list(self.connections):
+            if state is DrainState.DRAINING:
+                conn.goaway()
+            elif state is DrainState.DONE:
+                conn.close_drained()
 
     def record(self, request_id: str, times: list[float]) -> None:
         if not self.options.record_timings:
@@ -224,15 +234,18 @@ def quic_server_configuration(config: StreamConfig, options: FrontEndOptions) ->
 
 async def start_http3_server(app: Callable[..., Any], *, host: str, port: int, config: StreamConfig,
                              plugin_manager: Any = None, options: FrontEndOptions | None = None,
-                             lifespan: bool = False) -> Http3Server:
+                             lifespan: bool = False, drain: Any = None) -> Http3Server:
     """Serve ``app`` over HTTP/3 on UDP ``host:port`` (0: any free port; read ``.port``).
 
     ``lifespan=True`` runs the app's ASGI lifespan (startup now, shutdown on ``close()``): set it when no other
-    server (uvicorn) runs the same app.
+    server (uvicorn) runs the same app. ``drain``: the app's ``transports.drain.Drain`` (GOAWAY on every
+    connection when it begins, each closed when it is done).
     """
     options = options or FrontEndOptions.from_env()
     options.check()
-    state = ServerState(app, config, options, plugin_manager, codec_router(plugin_manager, options))
+    state = ServerState(app, config, options, plugin_manager, codec_router(plugin_manager, options), drain=drain)
+    if drain is not None:
+        drain.add_listener(state.on_drain)
     quic = quic_server_configuration(config, options)
     manager = None
     if lifespan:
