@@ -237,12 +237,15 @@ def nginx_routes(routes: dict[str, int], extra: str = "") -> Iterator[Nginx]:
 
 @contextlib.contextmanager
 def nginx_balancer(http: str, udp: str, *, target: str = "http://eloquent_http", location: str = "",
-                   udp_extra: str = "") -> Iterator[Balancer]:
+                   udp_extra: str = "", alt_svc: bool = False) -> Iterator[Balancer]:
     """nginx in front of replicas: TCP port -> ``target`` (``upstream eloquent_http``, given in ``http``: see
     ``nginx_upstream``) with ``location`` directives; UDP port -> the ``stream {}`` module's ``upstream
-    eloquent_quic`` (``udp``), with ``udp_extra`` in its ``server``. Needs ``libnginx-mod-stream`` on Debian."""
+    eloquent_quic`` (``udp``), with ``udp_extra`` in its ``server``; ``alt_svc``: TCP responses advertise the UDP
+    port (``Alt-Svc``) instead of the replicas'. Needs ``libnginx-mod-stream`` on Debian."""
     port, udp_port = free_port(), free_port()
     modules = f"load_module {STREAM_MODULE};" if STREAM_MODULE.exists() else ""  # else built in (or absent)
+    if alt_svc:  # advertise nginx's UDP port instead of the replicas' (docs/DEPLOY.md)
+        location += f" proxy_hide_header Alt-Svc; add_header Alt-Svc 'h3=\":{udp_port}\"; ma=86400' always;"
     locations = NGINX_LOCATION.format(path="/", target=target, extra=location)
     stream = NGINX_STREAM.format(upstreams=udp, udp_port=udp_port, name="eloquent_quic", extra=udp_extra)
     with _run_nginx(port, modules=modules, upstreams=http, locations=locations, stream=stream) as tmp:
