@@ -15,7 +15,7 @@ draining replica gets GOAWAY and a 503, which the client does not retry elsewher
 from __future__ import annotations
 
 import asyncio
-import json
+import re
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -158,9 +158,10 @@ async def expected(f: Fleet) -> dict[str, str]:
 
 
 async def restart(f: Fleet, replica: Replica, launch: list[asyncio.Task[None]], outcomes: list[Outcome],
-                  new_streams: int) -> int:
+                  new_streams: int) -> tuple[int, int]:
     """SIGTERM ``replica`` with streams in flight, start ``new_streams`` TCP streams while it drains (none may
-    be refused), wait for its exit, start it again, wait until it is ready. Returns how many it handed over."""
+    be refused), wait for its exit, start it again, wait until it is ready. Returns how many streams were in
+    flight on it when its drain began, and how many it handed over."""
     replica.signal()
     await wait_until(lambda: not replica.ready() or not replica.running, f"{replica.name} unready", timeout=30)
     for i in range(new_streams):
@@ -173,13 +174,14 @@ async def restart(f: Fleet, replica: Replica, launch: list[asyncio.Task[None]], 
     log = replica.log().rsplit("---- start", 1)[-1]
     assert "drain done" in log, log[-2000:]
     handed = log.count("ended by drain")
+    drained = int(re.search(r"draining \(SIGTERM\): .* (\d+) stream\(s\)", log).group(1))
     replica.start()
     await asyncio.to_thread(replica.wait_ready, 60)
     # nginx counted the refusals and the closed port as failures (max_fails=1): it sends this replica traffic
     # again once fail_timeout has passed. Until then the other one must not be drained (a rolling restart waits
     # for the balancer too: Kubernetes waits for the readiness probe).
     await asyncio.sleep(FAIL_TIMEOUT + 0.5)
-    return handed
+    return drained, handed
 
 
 async def rolling_restart(f: Fleet) -> None:
@@ -190,28 +192,34 @@ async def rolling_restart(f: Fleet) -> None:
     h3_port = int(probe.headers["alt-svc"].split(":")[1].split('"')[0])
     outcomes: list[Outcome] = []
     tasks: list[asyncio.Task[None]] = []
-    for i in range(SDK + DATAGRAM + PLAIN):
-        prompt = PROMPTS[i % len(PROMPTS)]
-        if i < SDK:
-            out = Outcome("sdk", prompt)
-            coro = sdk_stream(f, prompt, out)
-        elif i < SDK + DATAGRAM:
-            out = Outcome("datagram", prompt)
-            coro = datagram_stream(f, prompt, out, h3_port)
-        else:
-            out = Outcome("plain", prompt)
-            coro = plain_stream(f, prompt, out, leave_after=15)
-        outcomes.append(out)
-        tasks.append(asyncio.create_task(coro))
-    first = list(outcomes)
-    # Deterministic: every stream has events before the signal, and none can finish before it (10 s each).
-    await wait_until(lambda: all(o.events >= 2 for o in first) or any(t.done() and t.exception() for t in tasks),
-                     "every stream under way", timeout=90, interval=0.1)
-    assert all(o.events >= 2 for o in first), [t.exception() for t in tasks if t.done()]
-    assert not any(o.text for o in first), "the restart must land mid-stream"
-    handed_a = await restart(f, a, tasks, outcomes, new_streams=20)
-    in_flight = [o for o in outcomes if o.events and not o.text]
-    handed_b = await restart(f, b, tasks, outcomes, new_streams=20)
+
+    async def wave(sdk: int, datagram: int, plain: int) -> None:
+        """Start streams and wait until each has events (none can be over: 10 s each)."""
+        started: list[Outcome] = []
+        for i in range(sdk + datagram + plain):
+            prompt = PROMPTS[i % len(PROMPTS)]
+            if i < sdk:
+                out = Outcome("sdk", prompt)
+                coro = sdk_stream(f, prompt, out)
+            elif i < sdk + datagram:
+                out = Outcome("datagram", prompt)
+                coro = datagram_stream(f, prompt, out, h3_port)
+            else:
+                out = Outcome("plain", prompt)
+                coro = plain_stream(f, prompt, out, leave_after=15)
+            started.append(out)
+            tasks.append(asyncio.create_task(coro))
+        outcomes.extend(started)
+        await wait_until(lambda: all(o.events >= 2 for o in started) or any(t.done() and t.exception()
+                                                                             for t in tasks),
+                         "every stream under way", timeout=90, interval=0.1)
+        assert all(o.events >= 2 for o in started), [t.exception() for t in tasks if t.done()]
+        assert not any(o.text for o in started), "the restart must land mid-stream"
+
+    await wave(SDK, DATAGRAM, PLAIN)  # 100 in flight
+    drained_a, handed_a = await restart(f, a, tasks, outcomes, new_streams=20)
+    await wave(10, 10, 10)  # in flight when B is signalled
+    drained_b, handed_b = await restart(f, b, tasks, outcomes, new_streams=20)
     await asyncio.wait_for(asyncio.gather(*tasks), 180)
     kinds: dict[str, int] = {}
     for out in outcomes:
@@ -220,8 +228,10 @@ async def rolling_restart(f: Fleet) -> None:
         assert out.text == answers[out.prompt], f"{out.kind}: text differs from the uncut answer"
     assert {o.delivery for o in outcomes if o.kind == "datagram"} == {"datagram"}
     assert all(o.resumed for o in outcomes if o.kind == "plain")
-    print(f"rolling restart: {len(outcomes)} streams {kinds}, all complete and identical; {len(in_flight)} in "
-          f"flight when B was signalled; handed over at a deadline: A {handed_a}, B {handed_b}")
+    print(f"rolling restart: {len(outcomes)} streams {kinds}, all complete and identical; streams in flight when "
+          f"the drain began: A {drained_a}, B {drained_b}; handed over at a deadline: A {handed_a}, B {handed_b}; "
+          f"refused by the fleet: 0")
+    assert drained_a > 0 and drained_b > 0, "each restart landed mid-stream"
     assert handed_a == handed_b == 0, "the drain (60 s) outlasts every stream: nothing is cut"
 
 
