@@ -42,6 +42,9 @@ SHARED_FLAGS: tuple[tuple[str, dict[str, object], str], ...] = (
      "Answer 408 when a request body stalls this long; 0 turns it off (default 30)."),
     ("--max-streams-per-client", {"type": int, "metavar": "N"},
      "Live SSE streams one caller may hold; above it 429; 0 = unlimited (default)."),
+    ("--drain-timeout", {"type": float, "metavar": "SECONDS"},
+     "POST /eloquent/drain (loopback, or ELOQUENT_DRAIN_TOKEN): /ready turns 503, new streams get 503 + "
+     "Retry-After, streams in flight run on this long, then are handed over (default 30)."),
     ("--certfile", {"metavar": "PEM"}, "TLS certificate for HTTP/3 (default: --ssl-certfile, which also makes "
      "vLLM's TCP side HTTPS: the same files on both)."),
     ("--keyfile", {"metavar": "PEM"}, "TLS private key for HTTP/3 (default: --ssl-keyfile)."),
@@ -112,6 +115,7 @@ class EloquentVllmSettings:
             keyfile=getattr(ns, "eloquent_keyfile", None),
             body_timeout=getattr(ns, "eloquent_body_timeout", None),
             max_streams_per_client=getattr(ns, "eloquent_max_streams_per_client", None),
+            drain_timeout=getattr(ns, "eloquent_drain_timeout", None),
             resume=False if getattr(ns, "eloquent_no_resume", None) or _truthy(env.get("ELOQUENT_NO_RESUME")) else None,
         )
         if config.certfile is None and config.keyfile is None and getattr(ns, "ssl_certfile", None):
