@@ -44,9 +44,22 @@ def register(sub: argparse._SubParsersAction) -> None:
                 help="built-in engine: seconds before the first token")
     add_setting(parser, "--quic-retry", choices=("auto", "always", "off"), default="auto",
                 help="HTTP/3 stateless Retry (address validation): under load, always, or never")
+    add_setting(parser, "--server-id", type=_server_id, default=None, metavar="HEX", shown="random ids",
+                help="HTTP/3: put this server id (1-15 octets, hex) in every QUIC connection id issued, in the "
+                "QUIC-LB plaintext layout, for balancers that route QUIC by connection id")
     add_setting(parser, "--log-level", choices=("debug", "info", "warning", "error"), default="info",
                 help="server log level")
     command(parser, run)
+
+
+def _server_id(text: str) -> bytes:
+    from eloquent_plugins.core.errors import ConfigError
+    from eloquent_plugins.core.quic_lb import parse_server_id
+
+    try:
+        return parse_server_id(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,7 +109,8 @@ async def serve(args: argparse.Namespace, config) -> int:  # type: ignore[no-unt
         udp_port = config.eloquent_port if config.eloquent_port is not None else args.port
         try:
             h3 = await start_http3_server(app, host=args.host, port=udp_port, config=config, plugin_manager=pm,
-                                          options=FrontEndOptions.from_env(retry=args.quic_retry), drain=drain)
+                                          options=FrontEndOptions.from_env(retry=args.quic_retry, server_id=args.server_id),
+                                          drain=drain)
         except OSError as exc:  # certificate trouble is a ConfigError already: this is the bind
             raise listen_error(exc, "udp", args.host, udp_port) from None
         log.info("HTTP/3 (Eloquent datagrams) on udp://%s:%s", args.host, h3.port)

@@ -27,6 +27,7 @@ from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.hooks.manager import codecs
 from eloquent_plugins.core.protocol import QUIC_MAX_DATAGRAM_SIZE
+from eloquent_plugins.core.quic_lb import QuicLbConfig
 from eloquent_plugins.h3glue import ALPN, RETRY_MODES, AdmissionStats, GuardedQuicServer, server_sockname
 from eloquent_plugins.transports.http3.certs import dev_certificate, dev_pair, renewal_due, resolve_certificate
 from eloquent_plugins.transports.drain import DrainState
@@ -65,6 +66,13 @@ class FrontEndOptions:
     """A connection whose handshake is not complete by then is dropped, nothing sent (not kept ``idle_timeout``)."""
     webtransport_path: str | None = "/eloquent/wt"
     """Where browsers open WebTransport sessions (docs/BROWSER.md); None or "" turns WebTransport off."""
+    server_id: bytes | None = None
+    """``--server-id``: every connection id issued carries it in the QUIC-LB layout (``core.quic_lb``), so a
+    balancer that routes by connection id keeps a connection on this replica; None: aioquic's random ids."""
+
+    @property
+    def quic_lb(self) -> QuicLbConfig | None:
+        return QuicLbConfig(self.server_id) if self.server_id else None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> FrontEndOptions:
@@ -222,9 +230,11 @@ class Http3Server:
 
 def quic_server_configuration(config: StreamConfig, options: FrontEndOptions) -> QuicConfiguration:
     pair = resolve_certificate(config.certfile, config.keyfile)
+    lb = options.quic_lb
     quic = QuicConfiguration(alpn_protocols=ALPN, is_client=False, max_datagram_frame_size=65536,
                              max_datagram_size=QUIC_MAX_DATAGRAM_SIZE, idle_timeout=options.idle_timeout,
-                             congestion_control_algorithm=options.congestion_control)
+                             congestion_control_algorithm=options.congestion_control,
+                             **({"connection_id_length": lb.cid_length} if lb is not None else {}))
     try:
         quic.load_cert_chain(pair.certfile, pair.keyfile)
     except (OSError, ValueError) as exc:
@@ -256,7 +266,8 @@ async def start_http3_server(app: Callable[..., Any], *, host: str, port: int, c
                                   retry=options.retry, retry_threshold=options.retry_threshold,
                                   max_handshakes=options.max_handshakes,
                                   max_handshakes_per_address=options.max_handshakes_per_address,
-                                  handshake_timeout=options.handshake_timeout),
+                                  handshake_timeout=options.handshake_timeout,
+                                  new_cid=lb.new_cid if (lb := options.quic_lb) is not None else None),
         local_addr=(host, port))
     assert isinstance(server, GuardedQuicServer)
     bound = server_sockname(server) or (host, port)
