@@ -254,9 +254,13 @@ class Exchange:
         self.seen_at = time.time()
 
     async def hand_over(self) -> None:
-        """The drain's deadline came with this stream running: tell the store its producer is gone (a resume on
-        another replica sees it at once) and cut the client, which resumes elsewhere."""
+        """The drain's deadline came with this stream running: cut the client (it resumes elsewhere), tell the
+        store its producer is gone after copying every event the log holds (a resume on another replica sees it
+        at once), then stop the engine request. In that order: the store holds every event the client got, and
+        the stream's log is not closed (which would write an end) before the store let go of it."""
         store, stream_log, token, info = self.mw.store, self.log, self.token, self.info
+        if self.conn is not None:
+            self.conn.drained()
         if store is not None and token is not None and stream_log is not None and not stream_log.closed:
             try:
                 await store.hand_over(token)
@@ -265,8 +269,6 @@ class Exchange:
         if info is not None:
             log.warning("stream=%s ended by drain: handed over at the deadline after %d events (resumable: %s)",
                         info.stream_id, stream_log.next_index if stream_log is not None else 0, token is not None)
-        if self.conn is not None:
-            self.conn.drained()
         self.relay.release()  # the app sees its client gone: the engine request stops (this server exits)
 
     def _connection_done(self, task: asyncio.Task[str]) -> None:
