@@ -162,3 +162,41 @@ def test_drain_timeout_reads_the_environment() -> None:
     assert StreamConfig.from_env({"ELOQUENT_DRAIN_TIMEOUT": "7"}).drain_timeout == 7
     assert StreamConfig.from_env({}).drain_timeout == 30
     assert Drain(3).ready
+
+
+# ---- HTTP/3: GOAWAY, and the client takes a refused new stream to a new connection ----------------------------
+async def test_http3_new_stream_refused_by_a_draining_server_goes_to_a_new_connection() -> None:
+    from eloquent_client import EloquentClient
+
+    from eloquent_plugins.transports.http3.server import start_http3_server
+    from tests.support.udp_switch import start_switch
+
+    def replica() -> EloquentMiddleware:
+        return EloquentMiddleware(create_engine_app(EngineConfig(tpot=0.05, ttft=0.01)), StreamConfig())
+
+    a, b = replica(), replica()
+    srv_a = await start_http3_server(a, host="127.0.0.1", port=0, config=a.config, drain=a.drain)
+    srv_b = await start_http3_server(b, host="127.0.0.1", port=0, config=b.config, drain=b.drain)
+    switch = await start_switch(("127.0.0.1", srv_a.port))  # a layer-4 balancer: new sessions go to its target
+    try:
+        async with EloquentClient("https://127.0.0.1:9", transport="eloquent", verify=False, h3_port=switch.port,
+                                  timeout=20) as client:
+            async with client.stream("POST", CHAT, json=chat_body("in flight on a", 40)) as first:
+                texts = []
+                async for event in first.events():
+                    texts.append(event.text or "")
+                    if len(texts) == 3:
+                        assert a.drain.begin("test")
+                        switch.target = ("127.0.0.1", srv_b.port)  # the balancer now sends new sessions to b
+                        await wait_until(lambda: any(c.goaway_sent for c in srv_a._state.connections), "GOAWAY")
+                        async with client.stream("POST", CHAT, json=chat_body("new during the drain", 5)) as new:
+                            assert new.status == 200 and await new.text()
+                assert first.deliveries == ["datagram"]
+        assert "".join(texts) and a.drain.refused == 1, "a refused it, once"
+        assert b.metrics.streams_started == 1 and a.metrics.streams_started == 1, "b served the new stream"
+        await asyncio.wait_for(a.drain.wait(), 20)  # the stream in flight finished: the drain is over
+        assert a.drain.completed == 1 and a.drain.handed_over == 0
+    finally:
+        switch.close()
+        await srv_a.close()
+        await srv_b.close()

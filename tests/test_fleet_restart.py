@@ -5,11 +5,12 @@ rewritten to nginx's UDP port.
 
 100 streams in flight (the openai SDK over SSE, Eloquent datagrams through ``AsyncEloquentTransport``, plain SSE
 that leaves once mid-stream and comes back with ``Last-Event-ID``); once each has events, replica A gets SIGTERM
-while new streams keep arriving, A drains, exits, is started again and turns ready; then the same for B. Every
+while new streams of the three kinds keep arriving, A drains, exits, is started again and turns ready; then the same for B. Every
 stream completes with exactly the uncut answer, and no new stream is refused by the fleet.
 
-New streams during a drain go over TCP, where nginx retries a refusal: a new HTTP/3 stream that reaches a
-draining replica gets GOAWAY and a 503, which the client does not retry elsewhere yet (docs/DEPLOY.md).
+New streams during a drain: over TCP nginx retries a refusal on the other replica; over UDP nginx cannot, and a
+new HTTP/3 stream that reaches the draining replica gets GOAWAY and a 503 ``draining``, which the client takes to
+a new QUIC connection (a new nginx session, hashed on the client's port: the other replica, sooner or later).
 """
 
 from __future__ import annotations
@@ -162,23 +163,29 @@ async def expected(f: Fleet) -> dict[str, str]:
 
 
 async def restart(f: Fleet, replica: Replica, launch: list[asyncio.Task[None]], outcomes: list[Outcome],
-                  new_streams: int) -> tuple[int, int]:
+                  new_streams: int, h3_port: int) -> tuple[int, int]:
     """SIGTERM ``replica`` with streams in flight, start ``new_streams`` TCP streams while it drains (none may
     be refused), wait for its exit, start it again, wait until it is ready. Returns how many streams were in
     flight on it when its drain began, and how many it handed over."""
     replica.signal()
     await wait_until(lambda: not replica.ready() or not replica.running, f"{replica.name} unready", timeout=30)
     for i in range(new_streams):
-        out = Outcome("sdk-new" if i % 2 else "plain-new", PROMPTS[i % len(PROMPTS)])
+        kind = ("sdk-new", "plain-new", "datagram-new")[i % 3]
+        out = Outcome(kind, PROMPTS[i % len(PROMPTS)])
         outcomes.append(out)
-        launch.append(asyncio.create_task(sdk_stream(f, out.prompt, out) if i % 2 else
-                                          plain_stream(f, out.prompt, out, leave_after=10**9)))
+        coro = (sdk_stream(f, out.prompt, out) if kind == "sdk-new" else
+                plain_stream(f, out.prompt, out, leave_after=10**9) if kind == "plain-new" else
+                datagram_stream(f, out.prompt, out, h3_port))
+        launch.append(asyncio.create_task(coro))
     code = await asyncio.to_thread(replica.wait_exit, 120)
     assert code == 0, replica.log()[-3000:]
     log = replica.log().rsplit("---- start", 1)[-1]
     assert "drain done" in log, log[-2000:]
     handed = log.count("ended by drain")
     drained = int(re.search(r"draining \(SIGTERM\): .* (\d+) stream\(s\)", log).group(1))
+    refused = int(re.search(r"(\d+) new request\(s\) refused", log).group(1))
+    print(f"replica {replica.name}: {drained} streams in flight when its drain began, {handed} handed over, "
+          f"{refused} new requests refused by it (and served by the other)")
     replica.start()
     await asyncio.to_thread(replica.wait_ready, 60)
     # nginx's UDP side counted the closed port as a failure (max_fails=1): it sends this replica new sessions
@@ -221,20 +228,20 @@ async def rolling_restart(f: Fleet) -> None:
         assert not any(o.text for o in started), "the restart must land mid-stream"
 
     await wave(SDK, DATAGRAM, PLAIN)  # 100 in flight
-    drained_a, handed_a = await restart(f, a, tasks, outcomes, new_streams=20)
+    drained_a, handed_a = await restart(f, a, tasks, outcomes, new_streams=21, h3_port=h3_port)
     await wave(10, 10, 10)  # in flight when B is signalled
-    drained_b, handed_b = await restart(f, b, tasks, outcomes, new_streams=20)
+    drained_b, handed_b = await restart(f, b, tasks, outcomes, new_streams=21, h3_port=h3_port)
     await asyncio.wait_for(asyncio.gather(*tasks), 180)
     kinds: dict[str, int] = {}
     for out in outcomes:
         kinds[out.kind] = kinds.get(out.kind, 0) + 1
         assert out.status == 200, f"{out.kind} stream refused: {out.status}"
         assert out.text == answers[out.prompt], f"{out.kind}: text differs from the uncut answer"
-    assert {o.delivery for o in outcomes if o.kind == "datagram"} == {"datagram"}
+    assert {o.delivery for o in outcomes if o.kind.startswith("datagram")} == {"datagram"}
     assert all(o.resumed for o in outcomes if o.kind == "plain")
     print(f"rolling restart: {len(outcomes)} streams {kinds}, all complete and identical; streams in flight when "
           f"the drain began: A {drained_a}, B {drained_b}; handed over at a deadline: A {handed_a}, B {handed_b}; "
-          f"refused by the fleet: 0")
+          f"refused by the fleet: none (each stream's status is 200)")
     assert drained_a > 0 and drained_b > 0, "each restart landed mid-stream"
     assert handed_a == handed_b == 0, "the drain (60 s) outlasts every stream: nothing is cut"
 

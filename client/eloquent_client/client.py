@@ -104,6 +104,8 @@ class EloquentClient:
         self._h3_port = h3_port
         self._prefix = parts.path.rstrip("/")
         self._h3: Http3ClientConnection | None = None
+        self._draining: set[Http3ClientConnection] = set()
+        """Connections whose server drains (it refused a new stream): their streams go on, new ones go elsewhere."""
         self._h3_lock = asyncio.Lock()
         self._http = http_client
         self._own_http = http_client is None
@@ -183,13 +185,38 @@ class EloquentClient:
             out.append(("accept", "text/event-stream"))
         return out
 
+    async def _open_new(self, method: str, path: str, body: bytes, merged: dict[str, str]) -> Attempt | None:
+        """A new stream. A server that drains (a rolling restart) refuses it with ``503`` + ``Retry-After`` and
+        ``"code": "draining"``, having started nothing; over TCP the balancer sends it to another replica, over
+        HTTP/3 it is this client's to do: leave that connection to its streams, and try again on a new one
+        (``eloquent``: behind a balancer, perhaps another replica) or once over TCP (``auto``), within the
+        timeout."""
+        deadline = time.monotonic() + self.timeout
+        tcp_only = False
+        while True:
+            try:
+                return await self._open(method, path, body, merged, tcp_only=tcp_only)
+            except HTTPStatusError as exc:
+                conn = self._h3
+                if (not _draining(exc) or tcp_only or conn is None or conn.closed
+                        or time.monotonic() > deadline):
+                    raise
+                async with self._h3_lock:
+                    if self._h3 is conn:
+                        self._h3 = None
+                        self._draining.add(conn)
+                if self.transport == "auto":
+                    tcp_only = True
+                else:
+                    await asyncio.sleep(min(_retry_after(exc), max(0.0, deadline - time.monotonic())))
+
     async def _open(self, method: str, path: str, body: bytes, merged: dict[str, str], *, offset: int = 0,
-                    last_event_id: str | None = None) -> Attempt | None:
+                    last_event_id: str | None = None, tcp_only: bool = False) -> Attempt | None:
         """One try: HTTP/3 when the transport allows and (``auto``) UDP answers, else SSE over TCP."""
         resuming = last_event_id is not None
         if resuming:
             merged = {**merged, "last-event-id": last_event_id}  # type: ignore[dict-item]
-        if self.transport != "sse":
+        if self.transport != "sse" and not tcp_only:
             conn = await self._h3_connection(probe=self.transport == "auto")
             if conn is not None:
                 try:
@@ -273,7 +300,7 @@ class EloquentClient:
                      headers: Mapping[str, str] | None = None) -> AsyncIterator[ResponseStream]:
         """The response head is in when this yields (an error status raises ``HTTPStatusError`` here)."""
         body, merged = self._body(json, content, headers)
-        first = await self._open(method, path, body, merged)
+        first = await self._open_new(method, path, body, merged)
         assert first is not None
         state = StreamState(first, first.headers.get(STREAM_HEADER))
         source = self._events(state, method, path, body, merged)
@@ -320,9 +347,25 @@ class EloquentClient:
         if self._h3 is not None:
             await self._h3.close()
             self._h3 = None
+        draining, self._draining = self._draining, set()
+        for conn in draining:
+            await conn.close()
         if self._http is not None and self._own_http:
             await self._http.aclose()
             self._http = None
+
+
+def _draining(exc: HTTPStatusError) -> bool:
+    """A server's refusal of a new stream because it drains (``transports.drain``): safe to send elsewhere."""
+    error = exc.body.get("error") if exc.status == 503 and isinstance(exc.body, dict) else None
+    return isinstance(error, dict) and error.get("code") == "draining"
+
+
+def _retry_after(exc: HTTPStatusError) -> float:
+    try:
+        return min(5.0, max(0.0, float(exc.headers.get("retry-after", "1"))))
+    except ValueError:
+        return 1.0
 
 
 AsyncEloquentClient = EloquentClient
