@@ -43,6 +43,9 @@ def eloquent_serve_process(*args: str, port: int | None = None,
     output on exit."""
     port = free_port() if port is None else port
     environ = {k: v for k, v in os.environ.items() if not k.startswith("ELOQUENT_")}
+    # The exit below is a SIGTERM, which drains: streams a test left running hold it for at most 5 s (uvicorn's
+    # old graceful timeout), not the default 30.
+    environ["ELOQUENT_DRAIN_TIMEOUT"] = "5"
     environ.update(env or {})
     eloquent = str(Path(sys.executable).with_name("eloquent"))
     proc = subprocess.Popen([eloquent, "serve", "--port", str(port), *args],
