@@ -122,8 +122,6 @@ async def test_sigterm_drains_then_hands_the_stream_over(pair: tuple[Replica, Re
         assert len(events) + len(resumed) == len(entries), "the rest of the copy, each event once"
     else:  # everything was already read: the stream is known to have stopped without an end
         assert resp.status_code == 410 and len(entries) == len(events), resp.status_code
-    a.start()  # for whoever runs next in this module
-    a.wait_ready()
 
 
 # ---- the admin route, in process ---------------------------------------------------------------------------
