@@ -224,7 +224,9 @@ async def rolling_restart(f: Fleet) -> None:
         await wait_until(lambda: all(o.events >= 2 for o in started) or any(t.done() and t.exception()
                                                                              for t in tasks),
                          "every stream under way", timeout=90, interval=0.1)
-        assert all(o.events >= 2 for o in started), [t.exception() for t in tasks if t.done()]
+        failed = [(o.kind, repr(t.exception())) for o, t in zip(outcomes, tasks, strict=True)
+                  if t.done() and t.exception() is not None]
+        assert all(o.events >= 2 for o in started) and not failed, failed
         assert not any(o.text for o in started), "the restart must land mid-stream"
 
     await wave(SDK, DATAGRAM, PLAIN)  # 100 in flight

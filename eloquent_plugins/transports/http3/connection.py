@@ -82,6 +82,8 @@ class Http3Connection(H3Protocol):
         self.next_request_stream = 0
         """The lowest client request stream id not seen yet (what a GOAWAY names)."""
         self.goaway_sent = False
+        self.close_when_idle = False
+        """The drain is over: close once the last request (an Eloquent stream's tail included) is done."""
         path = state.options.webtransport_path
         self.webtransport = WebTransportSessions(self, path) if path else None
         """Browser sessions (docs/BROWSER.md); None when ``webtransport_path`` is off."""
@@ -245,6 +247,8 @@ class Http3Connection(H3Protocol):
         self.requests.pop(stream_id, None)
         if self.webtransport is not None:
             self.webtransport.forget(stream_id)
+        if self.close_when_idle and not self.requests:
+            self.close_drained()
 
     def track_eloquent(self, request: Request) -> None:
         assert request.eloquent is not None
@@ -441,8 +445,13 @@ class Http3Connection(H3Protocol):
             self.goaway_sent = self.h3.send_goaway(self.next_request_stream)
             self.transmit()
 
-    def close_drained(self) -> None:
-        """The drain is over (streams finished or handed over): close, so that a client resumes elsewhere."""
+    def close_drained(self, *, force: bool = False) -> None:
+        """The drain is over: close, so that a client goes elsewhere. A connection still delivering a stream's
+        last datagrams (acks, trailer) closes when that is done, unless ``force`` (streams were handed over at the
+        deadline: their clients resume elsewhere now)."""
+        if self.requests and not force:
+            self.close_when_idle = True
+            return
         if not self.terminated:
             self.quic.close(error_code=H3_NO_ERROR, reason_phrase="server drained")
             self.transmit()

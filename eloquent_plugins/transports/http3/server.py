@@ -134,7 +134,7 @@ class ServerState:
             if state is DrainState.DRAINING:
                 conn.goaway()
             elif state is DrainState.DONE:
-                conn.close_drained()
+                conn.close_drained(force=bool(self.drain is not None and self.drain.handed_over))
 
     def record(self, request_id: str, times: list[float]) -> None:
         if not self.options.record_timings:
