@@ -5,12 +5,13 @@ rewritten to nginx's UDP port.
 
 100 streams in flight (the openai SDK over SSE, Eloquent datagrams through ``AsyncEloquentTransport``, plain SSE
 that leaves once mid-stream and comes back with ``Last-Event-ID``); once each has events, replica A gets SIGTERM
-while new streams of the three kinds keep arriving, A drains, exits, is started again and turns ready; then the same for B. Every
+while new streams keep arriving over TCP, A drains, exits, is started again and turns ready; then the same for B. Every
 stream completes with exactly the uncut answer, and no new stream is refused by the fleet.
 
-New streams during a drain: over TCP nginx retries a refusal on the other replica; over UDP nginx cannot, and a
-new HTTP/3 stream that reaches the draining replica gets GOAWAY and a 503 ``draining``, which the client takes to
-a new QUIC connection (a new nginx session, hashed on the client's port: the other replica, sooner or later).
+New streams during a drain go over TCP, where nginx retries a refusal on the other replica. Over UDP nginx cannot;
+a new HTTP/3 stream that reaches the draining replica gets GOAWAY and a 503 ``draining``, which the client takes to
+a new QUIC connection (``tests/test_drain.py``); through nginx that is a new session hashed on the client's port,
+so it reaches the other replica only with some probability per try, which this test does not rely on.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ async def restart(f: Fleet, replica: Replica, launch: list[asyncio.Task[None]], 
     replica.signal()
     await wait_until(lambda: not replica.ready() or not replica.running, f"{replica.name} unready", timeout=30)
     for i in range(new_streams):
-        kind = ("sdk-new", "plain-new", "datagram-new")[i % 3]
+        kind = ("sdk-new", "plain-new")[i % 2]  # TCP: see the module's docstring for HTTP/3
         out = Outcome(kind, PROMPTS[i % len(PROMPTS)])
         outcomes.append(out)
         coro = (sdk_stream(f, out.prompt, out) if kind == "sdk-new" else
@@ -230,9 +231,9 @@ async def rolling_restart(f: Fleet) -> None:
         assert not any(o.text for o in started), "the restart must land mid-stream"
 
     await wave(SDK, DATAGRAM, PLAIN)  # 100 in flight
-    drained_a, handed_a = await restart(f, a, tasks, outcomes, new_streams=21, h3_port=h3_port)
+    drained_a, handed_a = await restart(f, a, tasks, outcomes, new_streams=20, h3_port=h3_port)
     await wave(10, 10, 10)  # in flight when B is signalled
-    drained_b, handed_b = await restart(f, b, tasks, outcomes, new_streams=21, h3_port=h3_port)
+    drained_b, handed_b = await restart(f, b, tasks, outcomes, new_streams=20, h3_port=h3_port)
     await asyncio.wait_for(asyncio.gather(*tasks), 180)
     kinds: dict[str, int] = {}
     for out in outcomes:

@@ -35,7 +35,14 @@ import httpx
 
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.limits import Limits
-from eloquent_plugins.core.protocol import ALT_SVC_HEADER, DATAGRAM, SCHEME_HEADER, STREAM_HEADER, TRANSPORT_HEADER
+from eloquent_plugins.core.protocol import (
+    ALT_SVC_HEADER,
+    DATAGRAM,
+    H3_NO_ERROR,
+    SCHEME_HEADER,
+    STREAM_HEADER,
+    TRANSPORT_HEADER,
+)
 
 from eloquent_client.attempts import Attempt, open_h3, open_sse
 from eloquent_client.errors import (
@@ -196,6 +203,15 @@ class EloquentClient:
         while True:
             try:
                 return await self._open(method, path, body, merged, tcp_only=tcp_only)
+            except StreamBroken as exc:
+                # Closed cleanly by the server before the head came (it drained, then exited): nothing was
+                # started for this request there. Try again on a new connection.
+                ours = [c for c in (self._h3, *self._draining) if c is not None and c.closed]
+                clean = any(c.close_event is not None and c.close_event.error_code in (0, H3_NO_ERROR) for c in ours)
+                if tcp_only or not clean or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+                continue
             except HTTPStatusError as exc:
                 conn = self._h3
                 if (not _draining(exc) or tcp_only or conn is None or conn.closed
