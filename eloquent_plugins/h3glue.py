@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -25,9 +26,10 @@ from aioquic.asyncio import server as aioquic_server
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.asyncio.server import QuicServer
 from aioquic.buffer import Buffer
-from aioquic.h3.connection import H3Connection, Setting
+from aioquic.buffer import encode_uint_var
+from aioquic.h3.connection import FrameType, H3Connection, Setting, encode_frame
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE
-from aioquic.quic.connection import QuicConnection, QuicConnectionState
+from aioquic.quic.connection import QuicConnection, QuicConnectionId, QuicConnectionState
 from aioquic.quic.crypto import CryptoError, CryptoPair
 from aioquic.quic.events import ConnectionTerminated
 from aioquic.quic.packet import (
@@ -300,6 +302,39 @@ class DatagramH3Connection(H3Connection):
     def settings_received(self) -> bool:
         return self._received_settings is not None
 
+    def send_goaway(self, stream_id: int) -> bool:
+        """HTTP/3 GOAWAY (RFC 9114 section 5.2) on our control stream: requests on ``stream_id`` and above will
+        not be served here, the client opens a new connection for them. aioquic has no public API for it (its
+        client ignores a GOAWAY it receives, which is allowed). False before the control stream exists."""
+        control = self._local_control_stream_id
+        if control is None:
+            return False
+        self._quic.send_stream_data(control, encode_frame(FrameType.GOAWAY, encode_uint_var(stream_id)))
+        return True
+
+
+class RoutableQuicConnection(QuicConnection):
+    """A server connection whose connection ids come from ``new_cid`` (``core.quic_lb``: the server id in the
+    QUIC-LB layout) instead of aioquic's random ones: the one of the handshake and every NEW_CONNECTION_ID's."""
+
+    def __init__(self, *, new_cid: Callable[[], bytes], **kwargs: Any) -> None:
+        self._new_cid = new_cid
+        super().__init__(**kwargs)
+        first = self._host_cids[0]  # drawn at random by aioquic, not sent yet
+        first.cid = new_cid()
+        self.host_cid = self._local_initial_source_connection_id = first.cid
+
+    def _replenish_connection_ids(self) -> None:
+        while len(self._host_cids) < min(8, self._remote_active_connection_id_limit):
+            self._host_cids.append(QuicConnectionId(cid=self._new_cid(), sequence_number=self._host_cid_seq,
+                                                    stateless_reset_token=os.urandom(16)))
+            self._host_cid_seq += 1
+
+    @property
+    def issued_cids(self) -> list[bytes]:
+        """The connection ids this end has issued and not retired (for tests and diagnostics)."""
+        return [c.cid for c in self._host_cids]
+
 
 # ---- the listener: aioquic's QuicServer, hardened against floods of fake Initials ------------------------------
 AIOQUIC_WRITTEN_AGAINST = "1.7.2"
@@ -322,6 +357,8 @@ _UPSTREAM: dict[str, tuple[Any, str]] = {
     # acknowledge_now: receive_datagram arms ``space.ack_at``; an ACK frame goes in the next 1-RTT packet once
     # ``ack_at <= now``.
     "QuicConnection._write_application": (QuicConnection._write_application, "c37bf64378f72b2f"),
+    # RoutableQuicConnection: the host cids are drawn here (and the first one in __init__, replaced after it).
+    "QuicConnection._replenish_connection_ids": (QuicConnection._replenish_connection_ids, "73b127efb89c53a3"),
 }
 
 
@@ -376,7 +413,9 @@ class GuardedQuicServer(QuicServer):
     """
 
     def __init__(self, *, retry: str = "auto", retry_threshold: int = 64, max_handshakes: int = 512,
-                 max_handshakes_per_address: int = 16, handshake_timeout: float = 10.0, **kwargs: Any) -> None:
+                 max_handshakes_per_address: int = 16, handshake_timeout: float = 10.0,
+                 new_cid: Callable[[], bytes] | None = None, **kwargs: Any) -> None:
+        """``new_cid``: issue connection ids from it (``RoutableQuicConnection``; the Retry's too)."""
         if retry not in RETRY_MODES:
             raise ConfigError(f"retry must be one of {', '.join(RETRY_MODES)}, not {retry!r}")
         if min(retry_threshold, max_handshakes, max_handshakes_per_address) < 1 or not handshake_timeout > 0:
@@ -387,6 +426,7 @@ class GuardedQuicServer(QuicServer):
         self.max_handshakes = max_handshakes
         self.max_handshakes_per_address = max_handshakes_per_address
         self.handshake_timeout = handshake_timeout
+        self.new_cid = new_cid
         self.stats = AdmissionStats()
         self._cids: dict[QuicConnectionProtocol, set[bytes]] = {}
         self._handshakes: dict[QuicConnectionProtocol, tuple[str, asyncio.TimerHandle]] = {}
@@ -474,11 +514,12 @@ class GuardedQuicServer(QuicServer):
         if len(self._handshakes) >= self.max_handshakes:
             self.stats.shed += 1
             return
-        connection = QuicConnection(configuration=self._configuration,
-                                    original_destination_connection_id=original_cid,
-                                    retry_source_connection_id=retry_source_cid,
-                                    session_ticket_fetcher=self._session_ticket_fetcher,
-                                    session_ticket_handler=self._session_ticket_handler)
+        settings: dict[str, Any] = {
+            "configuration": self._configuration, "original_destination_connection_id": original_cid,
+            "retry_source_connection_id": retry_source_cid, "session_ticket_fetcher": self._session_ticket_fetcher,
+            "session_ticket_handler": self._session_ticket_handler}
+        connection = (QuicConnection(**settings) if self.new_cid is None
+                      else RoutableQuicConnection(new_cid=self.new_cid, **settings))
         protocol = self._create_protocol(connection, stream_handler=self._stream_handler)
         protocol.connection_made(self._transport)
         protocol._connection_id_issued_handler = partial(self._connection_id_issued, protocol=protocol)
@@ -496,7 +537,7 @@ class GuardedQuicServer(QuicServer):
 
     def _send_retry(self, header: Any, addr: Any, now: float) -> None:
         assert self._retry is not None and self._transport is not None
-        source_cid = os.urandom(8)
+        source_cid = os.urandom(8) if self.new_cid is None else self.new_cid()
         token = self._retry.create_token(address=addr, original_destination_connection_id=header.destination_cid,
                                          retry_source_connection_id=source_cid, now=now)
         self._transport.sendto(encode_quic_retry(version=header.version, source_cid=source_cid,

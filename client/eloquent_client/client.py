@@ -41,7 +41,14 @@ import httpx
 
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.limits import Limits
-from eloquent_plugins.core.protocol import ALT_SVC_HEADER, DATAGRAM, SCHEME_HEADER, STREAM_HEADER, TRANSPORT_HEADER
+from eloquent_plugins.core.protocol import (
+    ALT_SVC_HEADER,
+    DATAGRAM,
+    H3_NO_ERROR,
+    SCHEME_HEADER,
+    STREAM_HEADER,
+    TRANSPORT_HEADER,
+)
 
 from eloquent_client.attempts import CONNECT_ERRORS, TRANSPORT_ERRORS, Attempt, open_h3, open_sse
 from eloquent_client.bounds import alt_svc_port
@@ -121,6 +128,8 @@ class EloquentClient:
         self._alt_svc_ports = tuple(alt_svc_ports or ())
         self._prefix = parts.path.rstrip("/")
         self._h3: Http3ClientConnection | None = None
+        self._draining: set[Http3ClientConnection] = set()
+        """Connections whose server drains (it refused a new stream): their streams go on, new ones go elsewhere."""
         self._h3_lock = asyncio.Lock()
         self._h3_task: asyncio.Task[Http3ClientConnection] | None = None
         """``auto``'s QUIC handshake, racing TCP (``_race``)."""
@@ -292,9 +301,44 @@ class EloquentClient:
             out.append(("accept", "text/event-stream"))
         return out
 
+    async def _open_new(self, method: str, path: str, body: bytes, merged: dict[str, str]) -> Attempt | None:
+        """A new stream. A server that drains (a rolling restart) refuses it with ``503`` + ``Retry-After`` and
+        ``"code": "draining"``, having started nothing; over TCP the balancer sends it to another replica, over
+        HTTP/3 it is this client's to do: leave that connection to its streams, and try again on a new one
+        (``eloquent``: behind a balancer, perhaps another replica) or once over TCP (``auto``), within the
+        timeout."""
+        deadline = time.monotonic() + self.timeout
+        tcp_only = False
+        while True:
+            try:
+                return await self._open(method, path, body, merged, tcp_only=tcp_only)
+            except StreamBroken:
+                # Closed cleanly by the server before the head came (it drained, then exited): nothing was
+                # started for this request there. Try again on a new connection.
+                ours = [c for c in (self._h3, *self._draining) if c is not None and c.closed]
+                clean = any(c.close_event is not None and c.close_event.error_code in (0, H3_NO_ERROR) for c in ours)
+                if tcp_only or not clean or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+                continue
+            except HTTPStatusError as exc:
+                conn = self._h3
+                if (not _draining(exc) or tcp_only or conn is None or conn.closed
+                        or time.monotonic() > deadline):
+                    raise
+                async with self._h3_lock:
+                    if self._h3 is conn:
+                        self._h3 = None
+                        self._draining.add(conn)
+                if self.transport == "auto":
+                    tcp_only = True
+                else:
+                    await asyncio.sleep(min(_retry_after(exc), max(0.0, deadline - time.monotonic())))
+
     async def _open(self, method: str, path: str, body: bytes, merged: dict[str, str], *, offset: int = 0,
-                    last_event_id: str | None = None) -> Attempt | None:
-        """One try. Explicit transports take their path. ``auto`` races: HTTP/3 when QUIC is up within its head
+                    last_event_id: str | None = None, tcp_only: bool = False) -> Attempt | None:
+        """One try (``tcp_only``: SSE over TCP, after a draining server refused it on HTTP/3). Explicit transports
+        take their path. ``auto`` races: HTTP/3 when QUIC is up within its head
         start, else SSE over TCP started beside the handshake -- taken if TCP answers first (the stream moves to
         datagrams when QUIC comes up, ``_events``), given up for HTTP/3 if QUIC is up and TCP still has not
         answered after another head start (TCP hangs). TCP refused under ``auto`` raises ``ConnectError`` at once
@@ -308,7 +352,7 @@ class EloquentClient:
                                  eloquent=self.transport in ("auto", "eloquent"), offset=offset,
                                  timeout=self.timeout, resuming=resuming)
 
-        conn = await self._h3_up()
+        conn = None if tcp_only else await self._h3_up()
         if conn is not None:
             try:
                 return await over_h3(conn)
@@ -318,7 +362,7 @@ class EloquentClient:
                 self._udp_failed()  # connected, but the request got no answer: take TCP
         sse = asyncio.ensure_future(open_sse(await self._http_client(), method, self.base_url + path, merged, body,
                                              offset=offset, resuming=resuming))
-        task = self._h3_task if self.transport == "auto" and conn is None else None
+        task = self._h3_task if self.transport == "auto" and conn is None and not tcp_only else None
         try:
             if task is not None and not task.done():
                 await asyncio.wait({sse, task}, return_when=asyncio.FIRST_COMPLETED)
@@ -333,7 +377,7 @@ class EloquentClient:
                             return await over_h3(conn)
             attempt = await sse
         except ConnectError:
-            conn = self._tcp_refused() if self.transport == "auto" else None
+            conn = self._tcp_refused() if self.transport == "auto" and not tcp_only else None
             if conn is None:
                 raise
             return await over_h3(conn)
@@ -427,7 +471,7 @@ class EloquentClient:
                      headers: Mapping[str, str] | None = None) -> AsyncIterator[ResponseStream]:
         """The response head is in when this yields (an error status raises ``HTTPStatusError`` here)."""
         body, merged = self._body(json, content, headers)
-        first = await self._open(method, path, body, merged)
+        first = await self._open_new(method, path, body, merged)
         assert first is not None
         state = StreamState(first, first.headers.get(STREAM_HEADER))
         source = self._events(state, method, path, body, merged)
@@ -478,9 +522,25 @@ class EloquentClient:
         if self._h3 is not None:
             await self._h3.close()
             self._h3 = None
+        draining, self._draining = self._draining, set()
+        for conn in draining:
+            await conn.close()
         if self._http is not None and self._own_http:
             await self._http.aclose()
             self._http = None
+
+
+def _draining(exc: HTTPStatusError) -> bool:
+    """A server's refusal of a new stream because it drains (``transports.drain``): safe to send elsewhere."""
+    error = exc.body.get("error") if exc.status == 503 and isinstance(exc.body, dict) else None
+    return isinstance(error, dict) and error.get("code") == "draining"
+
+
+def _retry_after(exc: HTTPStatusError) -> float:
+    try:
+        return min(5.0, max(0.0, float(exc.headers.get("retry-after", "1"))))
+    except ValueError:
+        return 1.0
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:

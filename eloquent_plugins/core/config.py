@@ -67,13 +67,19 @@ class StreamConfig:
     send_tick: float = 0.0
     """Seconds: hold SSE writes and datagram flushes to multiples of this tick, so their timing follows the clock,
     not the tokens (0: off, send at once)."""
+    drain_timeout: float = 30.0
+    """Seconds a draining server (SIGTERM, ``POST /eloquent/drain``) lets its in-flight streams run before it
+    hands them over (the store is told the producer is gone, clients resume elsewhere) and exits."""
+    drain_token: str | None = None
+    """``POST /eloquent/drain`` then needs ``Authorization: Bearer <token>``; without it, loopback only."""
     limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
         if self.stream_transport not in ("sse", "eloquent"):
             raise ConfigError(f"stream transport must be 'sse' or 'eloquent', got {self.stream_transport!r}")
         for name in ("resume_ttl", "resume_grace", "send_timeout", "header_timeout", "body_timeout",
-                     "max_streams_per_client", "max_queued_bytes", "max_held_bytes", "socket_send_buffer"):
+                     "max_streams_per_client", "max_queued_bytes", "max_held_bytes", "socket_send_buffer",
+                     "drain_timeout"):
             require_finite(name, getattr(self, name))
         if self.eloquent_port is not None and not 0 <= self.eloquent_port <= 65535:
             raise ConfigError(f"eloquent_port must be a port number, got {self.eloquent_port}")

@@ -147,6 +147,8 @@ class StreamMetrics:
         """Finished streams the store dropped before their TTL (memory store), read at scrape time."""
         self.unsent: Callable[[], int] | None = None
         """Bytes the server buffers for connected clients (``StreamBudget.unsent``), read at scrape time."""
+        self.drain: Any = None
+        """The app's ``transports.drain.Drain`` (``Drain.attach``): readiness and drained streams, at scrape time."""
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         try:
             self.registry.register(self)
@@ -249,6 +251,21 @@ class StreamMetrics:
         yield GaugeMetricFamily(f"{p}_bytes_unsent", "Bytes the server buffers for connected clients, written and "
                                 "not yet taken by the kernel (part of the memory budget's count).",
                                 value=self.unsent() if self.unsent is not None else 0)
+
+        drain = self.drain
+        if drain is not None:
+            yield GaugeMetricFamily(f"{p}_ready", "1 while this replica takes new streams, 0 once it drains.",
+                                    value=0 if drain.draining else 1)
+            drained = CounterMetricFamily(f"{p}_drain_streams", "Streams in flight when a drain began, by how they "
+                                          "ended: completed (before the deadline) or handed_over (at it: the "
+                                          "store was told the producer is gone, the client was cut to resume "
+                                          "elsewhere).", labels=["outcome"])
+            drained.add_metric(["completed"], drain.completed)
+            drained.add_metric(["handed_over"], drain.handed_over)
+            yield drained
+            refused = CounterMetricFamily(f"{p}_drain_refused", "New requests refused (503) while draining.")
+            refused.add_metric([], drain.refused)
+            yield refused
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -43,6 +43,9 @@ def eloquent_serve_process(*args: str, port: int | None = None,
     output on exit."""
     port = free_port() if port is None else port
     environ = {k: v for k, v in os.environ.items() if not k.startswith("ELOQUENT_")}
+    # The exit below is a SIGTERM, which drains: streams a test left running hold it for at most 5 s (uvicorn's
+    # old graceful timeout), not the default 30.
+    environ["ELOQUENT_DRAIN_TIMEOUT"] = "5"
     environ.update(env or {})
     eloquent = str(Path(sys.executable).with_name("eloquent"))
     proc = subprocess.Popen([eloquent, "serve", "--port", str(port), *args],
@@ -237,12 +240,15 @@ def nginx_routes(routes: dict[str, int], extra: str = "") -> Iterator[Nginx]:
 
 @contextlib.contextmanager
 def nginx_balancer(http: str, udp: str, *, target: str = "http://eloquent_http", location: str = "",
-                   udp_extra: str = "") -> Iterator[Balancer]:
+                   udp_extra: str = "", alt_svc: bool = False) -> Iterator[Balancer]:
     """nginx in front of replicas: TCP port -> ``target`` (``upstream eloquent_http``, given in ``http``: see
     ``nginx_upstream``) with ``location`` directives; UDP port -> the ``stream {}`` module's ``upstream
-    eloquent_quic`` (``udp``), with ``udp_extra`` in its ``server``. Needs ``libnginx-mod-stream`` on Debian."""
+    eloquent_quic`` (``udp``), with ``udp_extra`` in its ``server``; ``alt_svc``: TCP responses advertise the UDP
+    port (``Alt-Svc``) instead of the replicas'. Needs ``libnginx-mod-stream`` on Debian."""
     port, udp_port = free_port(), free_port()
     modules = f"load_module {STREAM_MODULE};" if STREAM_MODULE.exists() else ""  # else built in (or absent)
+    if alt_svc:  # advertise nginx's UDP port instead of the replicas' (docs/DEPLOY.md)
+        location += f" proxy_hide_header Alt-Svc; add_header Alt-Svc 'h3=\":{udp_port}\"; ma=86400' always;"
     locations = NGINX_LOCATION.format(path="/", target=target, extra=location)
     stream = NGINX_STREAM.format(upstreams=udp, udp_port=udp_port, name="eloquent_quic", extra=udp_extra)
     with _run_nginx(port, modules=modules, upstreams=http, locations=locations, stream=stream) as tmp:

@@ -24,10 +24,12 @@ class Http3Frontend:
     port: int
 
     @classmethod
-    async def start(cls, app: Any, *, host: str, port: int, config: StreamConfig) -> Http3Frontend:
+    async def start(cls, app: Any, *, host: str, port: int, config: StreamConfig, drain: Any = None) -> Http3Frontend:
+        """``drain``: the stream middleware's (GOAWAY when it begins, connections closed when it is done); passed
+        only when given, so a replacement starter without the parameter keeps working."""
         starter = http3_server_starter()
         try:
-            handle = await starter(app, host=host, port=port, config=config)
+            handle = await starter(app, host=host, port=port, config=config, **({"drain": drain} if drain else {}))
         except Exception as exc:  # OSError (port in use), ConfigError (certificate), ...: re-raised, typed
             raise Http3StartError(f"cannot start HTTP/3 on udp {host}:{port}: {exc}") from exc
         if not callable(getattr(handle, "close", None)):

@@ -30,6 +30,8 @@ class VllmStreamMiddleware:
         self._inner: ASGIApp | None = None
         self._settings: EloquentVllmSettings | None = None
         self._http3: Http3Frontend | None = None
+        self._drain: Any = None
+        """The stream middleware's drain (``POST /eloquent/drain``, ``/ready``): the HTTP/3 front end follows it."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -54,6 +56,7 @@ class VllmStreamMiddleware:
             # Outermost, as in ``eloquent serve``: a trickled request body is cut before vLLM parses it. vLLM runs
             # its own uvicorn, so the header-read timeout (a uvicorn protocol class) cannot be installed here.
             inner = sse_middleware_class()(self.app, config=settings.config)
+            self._drain = getattr(inner, "drain", None)
             register_stream_metrics(inner)  # vLLM's /metrics shows them too; /eloquent/metrics always does
             timed = BodyTimeoutMiddleware(inner, settings.config.body_timeout)
             self._inner = BrowserRoutes(timed, certfile=settings.config.certfile)  # /chat, /eloquent/client.js
@@ -106,7 +109,8 @@ class VllmStreamMiddleware:
                 )
             assert settings.config is not None and settings.http3_port is not None
             self._http3 = await Http3Frontend.start(
-                outer_app, host=settings.http3_host, port=settings.http3_port, config=settings.config
+                outer_app, host=settings.http3_host, port=settings.http3_port, config=settings.config,
+                drain=self._drain,
             )
         logger.info(
             "eloquent-plugins: stream transport %s active%s",

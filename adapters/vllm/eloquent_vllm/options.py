@@ -47,6 +47,9 @@ SHARED_FLAGS: tuple[tuple[str, dict[str, object], str], ...] = (
      "(powers of two) or constant (docs/SECURITY.md)."),
     ("--send-tick", {"type": float, "metavar": "SECONDS"},
      "Write SSE events only at multiples of this tick, against timing side channels; 0 = off (default)."),
+    ("--drain-timeout", {"type": float, "metavar": "SECONDS"},
+     "POST /eloquent/drain (loopback, or ELOQUENT_DRAIN_TOKEN): /ready turns 503, new streams get 503 + "
+     "Retry-After, streams in flight run on this long, then are handed over (default 30)."),
     ("--certfile", {"metavar": "PEM"}, "TLS certificate for HTTP/3 (default: --ssl-certfile, which also makes "
      "vLLM's TCP side HTTPS: the same files on both)."),
     ("--keyfile", {"metavar": "PEM"}, "TLS private key for HTTP/3 (default: --ssl-keyfile)."),
@@ -119,6 +122,7 @@ class EloquentVllmSettings:
             max_streams_per_client=getattr(ns, "eloquent_max_streams_per_client", None),
             padding=getattr(ns, "eloquent_padding", None),
             send_tick=getattr(ns, "eloquent_send_tick", None),
+            drain_timeout=getattr(ns, "eloquent_drain_timeout", None),
             resume=False if getattr(ns, "eloquent_no_resume", None) or _truthy(env.get("ELOQUENT_NO_RESUME")) else None,
         )
         if config.certfile is None and config.keyfile is None and getattr(ns, "ssl_certfile", None):

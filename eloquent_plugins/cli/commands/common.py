@@ -66,6 +66,10 @@ def add_server_settings(parser: argparse.ArgumentParser) -> None:
     add_setting(parser, "--send-tick", type=numbers.seconds, default=_D.send_tick, metavar="SECONDS",
                 help="write SSE events only at multiples of this tick (events that come meanwhile go in one write), "
                 "so write times follow the clock rather than the tokens; adds up to one tick of latency; 0 = off")
+    add_setting(parser, "--drain-timeout", type=numbers.seconds, default=_D.drain_timeout, metavar="SECONDS",
+                help="on SIGTERM or POST /eloquent/drain: /ready turns 503, new streams get 503 + Retry-After, "
+                "streams in flight run on this long, then are handed over (clients resume on another replica) "
+                "and the server exits")
     add_setting(parser, "--cors-origin", default=None, metavar="ORIGINS", shown="no CORS headers",
                 help="let browser pages on these origins (comma-separated, or *) call the API: answers preflights "
                 "and exposes the x-eloquent-stream header")
@@ -82,7 +86,7 @@ def stream_config(args: argparse.Namespace, **overrides: object) -> StreamConfig
     """The shared settings (already resolved CLI > environment > default) over ``StreamConfig.from_env``."""
     values: dict[str, object] = {}
     for name in ("keepalive", "eloquent_port", "certfile", "keyfile", "resume_store", "header_timeout",
-                 "body_timeout", "max_streams_per_client", "padding", "send_tick"):
+                 "body_timeout", "max_streams_per_client", "padding", "send_tick", "drain_timeout"):
         if getattr(args, name, None) is not None:
             values[name] = getattr(args, name)
     transport = getattr(args, "stream_transport", None)

@@ -22,9 +22,13 @@ from eloquent_plugins.cli.preflight import check_tcp_port, listen_error, warn_un
 from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.core.hooks.manager import create_plugin_manager
 from eloquent_plugins.transports.access_log import log_config
+from eloquent_plugins.transports.drain import Drain
 from eloquent_plugins.transports.telemetry import configure_from_env
 
 log = logging.getLogger("eloquent.serve")
+AFTER_DRAIN = 2
+"""uvicorn's graceful shutdown once the drain is done: every stream finished or was handed over, so this only
+bounds requests that are no stream (and idle keep-alive connections)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,9 +44,22 @@ def register(sub: argparse._SubParsersAction) -> None:
                 help="built-in engine: seconds before the first token")
     add_setting(parser, "--quic-retry", choices=("auto", "always", "off"), default="auto",
                 help="HTTP/3 stateless Retry (address validation): under load, always, or never")
+    add_setting(parser, "--server-id", type=_server_id, default=None, metavar="HEX", shown="random ids",
+                help="HTTP/3: put this server id (1-15 octets, hex) in every QUIC connection id issued, in the "
+                "QUIC-LB plaintext layout, for balancers that route QUIC by connection id")
     add_setting(parser, "--log-level", choices=("debug", "info", "warning", "error"), default="info",
                 help="server log level")
     command(parser, run)
+
+
+def _server_id(text: str) -> bytes:
+    from eloquent_plugins.core.errors import ConfigError
+    from eloquent_plugins.core.quic_lb import parse_server_id
+
+    try:
+        return parse_server_id(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,16 +75,19 @@ def run(args: argparse.Namespace) -> int:
 async def serve(args: argparse.Namespace, config) -> int:  # type: ignore[no-untyped-def]
     import uvicorn
 
+    from eloquent_plugins.cli.draining import DrainingServer
     from eloquent_plugins.cli.app_factory import build_app
     from eloquent_plugins.transports.alt_svc import AltSvcMiddleware
     from eloquent_plugins.transports.request_timeouts import header_timeout_protocol
 
     pm = create_plugin_manager()
+    drain = Drain(config.drain_timeout, token=config.drain_token)
     with needs_extra(f"--upstream {args.upstream}" if args.upstream else "eloquent serve"):
         if args.stream_transport == "none":  # the app as it is, without the streaming layer (a baseline)
             app = _bare_app(config, pm, args)
         else:
-            app = build_app(config, pm, upstream=args.upstream, engine_options={"tpot": args.tpot, "ttft": args.ttft})
+            app = build_app(config, pm, upstream=args.upstream, engine_options={"tpot": args.tpot, "ttft": args.ttft},
+                            drain=drain)
     if args.cors_origin:  # outermost: preflights never reach the app; both transports expose the stream id
         from eloquent_plugins.transports.cors import CorsMiddleware
 
@@ -75,9 +95,9 @@ async def serve(args: argparse.Namespace, config) -> int:  # type: ignore[no-unt
     await check_tcp_port(args.host, args.port)
     tcp_app = AltSvcMiddleware(app, None)  # TCP responses advertise the HTTP/3 port once it is bound (below)
     # http=: uvicorn's h11 protocol plus a header-read deadline (uvicorn has none); keep-alive idle stays uvicorn's.
-    server = uvicorn.Server(uvicorn.Config(tcp_app, host=args.host, port=args.port, log_level=args.log_level,
+    server = DrainingServer(uvicorn.Config(tcp_app, host=args.host, port=args.port, log_level=args.log_level,
                                            log_config=log_config(args.log_level),
-                                           lifespan="auto", timeout_graceful_shutdown=5,
+                                           lifespan="auto", timeout_graceful_shutdown=AFTER_DRAIN,
                                            # a certificate: HTTPS on TCP from the files HTTP/3 serves (browsers
                                            # honour Alt-Svc only over HTTPS)
                                            ssl_certfile=config.certfile, ssl_keyfile=config.keyfile,
@@ -92,7 +112,8 @@ async def serve(args: argparse.Namespace, config) -> int:  # type: ignore[no-unt
             h3 = await start_http3_server(app, host=args.host, port=udp_port, config=config, plugin_manager=pm,
                                           options=FrontEndOptions.from_env(
                                               retry=args.quic_retry, cors_origins=parse_origins(args.cors_origin),
-                                              page_ports=(args.port,)))
+                                              page_ports=(args.port,), server_id=args.server_id),
+                                          drain=drain)
         except OSError as exc:  # certificate trouble is a ConfigError already: this is the bind
             raise listen_error(exc, "udp", args.host, udp_port) from None
         log.info("HTTP/3 (Eloquent datagrams) on udp://%s:%s", args.host, h3.port)
@@ -102,6 +123,7 @@ async def serve(args: argparse.Namespace, config) -> int:  # type: ignore[no-unt
     await warn_unreachable(args.upstream)
     gc.collect()
     gc.freeze()
+    server.watch(drain)
     try:
         await server.serve()
     finally:

@@ -79,6 +79,11 @@ class Http3Connection(H3Protocol):
         """With ``record_timings``: counts the transmits that carry datagrams (which sends share a packet)."""
         self.terminated = False
         self.error_code: int | None = None
+        self.next_request_stream = 0
+        """The lowest client request stream id not seen yet (what a GOAWAY names)."""
+        self.goaway_sent = False
+        self.close_when_idle = False
+        """The drain is over: close once the last request (an Eloquent stream's tail included) is done."""
         path = state.options.webtransport_path
         self.webtransport = WebTransportSessions(self, path, state.options.origin_policy()) if path else None
         """Browser sessions (docs/BROWSER.md); None when ``webtransport_path`` is off."""
@@ -102,6 +107,9 @@ class Http3Connection(H3Protocol):
         if isinstance(event, ProtocolNegotiated):
             if event.alpn_protocol in ALPN:
                 self.h3 = DatagramH3Connection(self.quic, webtransport=self.webtransport is not None)
+                drain = self.state.drain
+                if drain is not None and drain.draining:
+                    self.goaway()
         elif isinstance(event, ConnectionTerminated):
             self.terminated = True
             self.state.connections.discard(self)
@@ -187,6 +195,7 @@ class Http3Connection(H3Protocol):
             else:
                 headers.append((key, value))
         method, path = pseudo.get(b":method"), pseudo.get(b":path")
+        self.next_request_stream = max(self.next_request_stream, event.stream_id + 4)
         if b":authority" in pseudo and not any(k == b"host" for k, _ in headers):
             headers.insert(0, (b"host", pseudo[b":authority"]))
         self.open_request(event.stream_id, method, path, headers, ended=event.stream_ended)
@@ -238,6 +247,8 @@ class Http3Connection(H3Protocol):
         self.requests.pop(stream_id, None)
         if self.webtransport is not None:
             self.webtransport.forget(stream_id)
+        if self.close_when_idle and not self.requests:
+            self.close_drained()
 
     def track_eloquent(self, request: Request) -> None:
         assert request.eloquent is not None
@@ -426,6 +437,24 @@ class Http3Connection(H3Protocol):
         for handle in (self._deadline_handle, self._pump_handle, self._rest_handle):
             if handle is not None:
                 handle.cancel()
+
+    def goaway(self) -> None:
+        """The server drains: tell the client to open new requests elsewhere (requests that still come get the
+        middleware's 503; those under way go on)."""
+        if self.h3 is not None and not self.goaway_sent and not self.terminated:
+            self.goaway_sent = self.h3.send_goaway(self.next_request_stream)
+            self.transmit()
+
+    def close_drained(self, *, force: bool = False) -> None:
+        """The drain is over: close, so that a client goes elsewhere. A connection still delivering a stream's
+        last datagrams (acks, trailer) closes when that is done, unless ``force`` (streams were handed over at the
+        deadline: their clients resume elsewhere now)."""
+        if self.requests and not force:
+            self.close_when_idle = True
+            return
+        if not self.terminated:
+            self.quic.close(error_code=H3_NO_ERROR, reason_phrase="server drained")
+            self.transmit()
 
     async def shutdown(self) -> None:
         if self.webtransport is not None:

@@ -27,9 +27,11 @@ from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.hooks.manager import codecs
 from eloquent_plugins.core.protocol import QUIC_MAX_DATAGRAM_SIZE
+from eloquent_plugins.core.quic_lb import QuicLbConfig
 from eloquent_plugins.h3glue import ALPN, RETRY_MODES, AdmissionStats, GuardedQuicServer, server_sockname
 from eloquent_plugins.transports.cors import OriginPolicy, parse_origins
 from eloquent_plugins.transports.http3.certs import dev_certificate, dev_pair, renewal_due, resolve_certificate
+from eloquent_plugins.transports.drain import DrainState
 from eloquent_plugins.transports.http3.connection import Http3Connection
 from eloquent_plugins.transports.http3.lifespan import Lifespan
 from eloquent_plugins.transports.http3.webtransport import DEFAULT_PATH
@@ -72,6 +74,13 @@ class FrontEndOptions:
     page_ports: tuple[int, ...] = ()
     """TCP ports on the same host whose pages count as same-origin (the port pages are served from, when the
     HTTP/3 port differs or the browser reaches this port through a relay)."""
+    server_id: bytes | None = None
+    """``--server-id``: every connection id issued carries it in the QUIC-LB layout (``core.quic_lb``), so a
+    balancer that routes by connection id keeps a connection on this replica; None: aioquic's random ids."""
+
+    @property
+    def quic_lb(self) -> QuicLbConfig | None:
+        return QuicLbConfig(self.server_id) if self.server_id else None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> FrontEndOptions:
@@ -128,6 +137,15 @@ class ServerState:
     sends: OrderedDict[str, tuple[Any, list[tuple[float, bytes, int]]]] = field(default_factory=OrderedDict)
     """With ``record_timings``: per request, its peer and (time, datagram, transmit number) of each datagram."""
     closed_with_error: int = 0
+    drain: Any = None
+    """The server's ``transports.drain.Drain``: GOAWAY when it begins, every connection closed when it is done."""
+
+    def on_drain(self, state: DrainState) -> None:
+        for conn in list(self.connections):
+            if state is DrainState.DRAINING:
+                conn.goaway()
+            elif state is DrainState.DONE:
+                conn.close_drained(force=bool(self.drain is not None and self.drain.handed_over))
 
     def record(self, request_id: str, times: list[float]) -> None:
         if not self.options.record_timings:
@@ -223,9 +241,11 @@ class Http3Server:
 
 def quic_server_configuration(config: StreamConfig, options: FrontEndOptions) -> QuicConfiguration:
     pair = resolve_certificate(config.certfile, config.keyfile)
+    lb = options.quic_lb
     quic = QuicConfiguration(alpn_protocols=ALPN, is_client=False, max_datagram_frame_size=65536,
                              max_datagram_size=QUIC_MAX_DATAGRAM_SIZE, idle_timeout=options.idle_timeout,
-                             congestion_control_algorithm=options.congestion_control)
+                             congestion_control_algorithm=options.congestion_control,
+                             **({"connection_id_length": lb.cid_length} if lb is not None else {}))
     try:
         quic.load_cert_chain(pair.certfile, pair.keyfile)
     except (OSError, ValueError) as exc:
@@ -235,15 +255,18 @@ def quic_server_configuration(config: StreamConfig, options: FrontEndOptions) ->
 
 async def start_http3_server(app: Callable[..., Any], *, host: str, port: int, config: StreamConfig,
                              plugin_manager: Any = None, options: FrontEndOptions | None = None,
-                             lifespan: bool = False) -> Http3Server:
+                             lifespan: bool = False, drain: Any = None) -> Http3Server:
     """Serve ``app`` over HTTP/3 on UDP ``host:port`` (0: any free port; read ``.port``).
 
     ``lifespan=True`` runs the app's ASGI lifespan (startup now, shutdown on ``close()``): set it when no other
-    server (uvicorn) runs the same app.
+    server (uvicorn) runs the same app. ``drain``: the app's ``transports.drain.Drain`` (GOAWAY on every
+    connection when it begins, each closed when it is done).
     """
     options = options or FrontEndOptions.from_env()
     options.check()
-    state = ServerState(app, config, options, plugin_manager, codec_router(plugin_manager, options))
+    state = ServerState(app, config, options, plugin_manager, codec_router(plugin_manager, options), drain=drain)
+    if drain is not None:
+        drain.add_listener(state.on_drain)
     quic = quic_server_configuration(config, options)
     manager = None
     if lifespan:
@@ -254,7 +277,8 @@ async def start_http3_server(app: Callable[..., Any], *, host: str, port: int, c
                                   retry=options.retry, retry_threshold=options.retry_threshold,
                                   max_handshakes=options.max_handshakes,
                                   max_handshakes_per_address=options.max_handshakes_per_address,
-                                  handshake_timeout=options.handshake_timeout),
+                                  handshake_timeout=options.handshake_timeout,
+                                  new_cid=lb.new_cid if (lb := options.quic_lb) is not None else None),
         local_addr=(host, port))
     assert isinstance(server, GuardedQuicServer)
     bound = server_sockname(server) or (host, port)

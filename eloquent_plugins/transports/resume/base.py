@@ -102,6 +102,13 @@ class ResumeStore(ABC):
         A timestamp rather than a yes/no, so that a producer deciding whether a stream is abandoned does not
         depend on *when* it manages to look (a busy event loop may look late)."""
 
+    async def hand_over(self, token: str) -> None:
+        """A live stream produced here stops now without an end (this server drains and its deadline came):
+        make what it emitted so far readable elsewhere and say at once that its producer is gone, exactly as a
+        dead producer's lapsed heartbeat says it (a resume elsewhere ends it, or continues it, without waiting).
+        Nothing to do for a store no other process reads."""
+        return None
+
     def held_bytes(self) -> int:
         """Bytes of finished streams this store keeps in this process's memory (live streams are counted by the
         middleware that produces them); part of ``StreamConfig.max_held_bytes``."""

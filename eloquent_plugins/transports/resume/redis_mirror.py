@@ -77,6 +77,8 @@ class Mirror:
         self.trim_below = 0
         """When set, the next batch first drops the entries before it (see ``_step``)."""
         self.changed = asyncio.Event()
+        self.handing_over = False
+        """Set by ``hand_over``: copy what the log holds, then stop without an end marker."""
 
     async def run(self) -> None:
         store = self.store
@@ -109,6 +111,11 @@ class Mirror:
                     delay = min(delay * 2, store.retry_max)
         finally:
             self.log.unlisten(self.changed.set)
+
+    def hand_over(self) -> None:
+        """The producer stops here without an end (drain deadline): finish copying, then drop the heartbeat."""
+        self.handing_over = True
+        self.changed.set()
 
     async def _execute(self, pipe: Any) -> None:
         await asyncio.wait_for(pipe.execute(), REPLY_TIMEOUT)
@@ -171,6 +178,11 @@ class Mirror:
             pipe = store.redis.pipeline(transaction=False)
             pipe.xadd(self.skey, {b"end": (log_.reason or "complete").encode()}, id=entry_id(self.cursor))
             await self._execute(self._final_ttls(pipe))
+            return True
+        if self.handing_over:
+            await self._execute(store.redis.pipeline(transaction=False).delete(self.hkey))
+            log.info("stream %s handed over at event %d: heartbeat dropped, no end written", self.token[:4],
+                     self.cursor)
             return True
         self.changed.clear()
         with contextlib.suppress(asyncio.TimeoutError):

@@ -260,6 +260,8 @@ class RedisStore(ResumeStore):
             {"max_connections": max_connections} if max_connections else {}))
         self.redis: Any = aioredis.Redis(connection_pool=pool, decode_responses=False)
         self._local: dict[str, tuple[StreamMeta, StreamLog, asyncio.Task[None]]] = {}
+        self._mirrors: dict[str, Mirror] = {}
+        """The mirror of each live stream produced here (``hand_over`` stops one)."""
         self._tasks: set[asyncio.Task[None]] = set()
         """Every running mirror, also those of finished streams still retrying (``aclose`` cancels them)."""
         self.retry_first, self.retry_max = RETRY_FIRST, RETRY_MAX
@@ -276,10 +278,12 @@ class RedisStore(ResumeStore):
         live_ttl = int(max(self.ttl, LIVE_TTL_MIN)) + 1
         await self.redis.set(self.key("m", token), meta.to_json(), ex=live_ttl)
         await self.redis.set(self.key("h", token), b"1", ex=HEARTBEAT_TTL)
-        task = asyncio.get_running_loop().create_task(Mirror(self, token, log_).run(),
-                                                      name=f"eloquent-mirror-{meta.stream_id}")
+        mirror = Mirror(self, token, log_)
+        task = asyncio.get_running_loop().create_task(mirror.run(), name=f"eloquent-mirror-{meta.stream_id}")
         self._tasks.add(task)
+        self._mirrors[token] = mirror
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: self._mirrors.pop(token, None))
         self._local[token] = (meta, log_, task)
 
     async def finish(self, token: str) -> None:
@@ -287,6 +291,20 @@ class RedisStore(ResumeStore):
         if entry is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(entry[2]), 10.0)
+
+    async def hand_over(self, token: str) -> None:
+        """Let the mirror copy every event the log holds now, then drop the heartbeat without writing an end:
+        remote readers (``RedisSource._fetch``, ``_await_sent``) see the producer gone within one read."""
+        entry, mirror = self._local.get(token), self._mirrors.get(token)
+        if entry is None or mirror is None:
+            return
+        mirror.hand_over()
+        try:
+            await asyncio.wait_for(asyncio.shield(entry[2]), REPLY_TIMEOUT)
+        except Exception:  # noqa: BLE001 - gone the hard way: stop it and drop the heartbeat ourselves
+            entry[2].cancel()
+            await mirror._abandon()
+        self._local.pop(token, None)
 
     async def open(self, token: str) -> ReplaySource | None:
         local = self._local.get(token)

@@ -49,6 +49,8 @@ class ConnState(IntEnum):
     """The client accepted no bytes for ``send_timeout`` seconds and was cut."""
     OVERFLOWED = 3
     """More than ``max_queued`` bytes waited for the client (or the memory budget needed them): it was cut."""
+    DRAINED = 4
+    """The server drained and its deadline came: cut, so that the client resumes on another replica."""
 
 
 _DATA = b"data: "
@@ -146,6 +148,11 @@ class Connection:
         """Cut the client: too much is queued for it. Its send in progress, if any, is abandoned."""
         if self.state is _OPEN:
             self._cut(ConnState.OVERFLOWED)
+
+    def drained(self) -> None:
+        """Cut the client at the drain deadline (``transports.drain``): its body ends early, it resumes elsewhere."""
+        if self.state is _OPEN:
+            self._cut(ConnState.DRAINED)
 
     def _cut(self, state: ConnState) -> None:
         self._end(state)
@@ -431,6 +438,8 @@ class Connection:
         if self.state is ConnState.TIMED_OUT:
             self.metrics.send_timeouts += 1
             return "send_timeout"
+        if self.state is ConnState.DRAINED:
+            return "drained"
         self.metrics.clients_cut += 1
         return "queue_full"
 

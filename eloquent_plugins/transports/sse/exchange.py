@@ -22,7 +22,7 @@ from eloquent_plugins.transports.metrics import transport_label
 from eloquent_plugins.transports.resume.base import StreamMeta
 from eloquent_plugins.transports.resume.local import LocalSource
 from eloquent_plugins.transports.resume.log import StreamLog
-from eloquent_plugins.transports.sse.connection import MAX_LAG_EVENTS, Connection
+from eloquent_plugins.transports.sse.connection import MAX_LAG_EVENTS, Connection, ConnState
 from eloquent_plugins.transports.sse.headers import is_event_stream, json_error, respond, stream_headers
 from eloquent_plugins.transports.sse.ids import identity_hash, new_stream_id, new_token
 from eloquent_plugins.transports.sse.limits import Slot
@@ -221,6 +221,7 @@ class Exchange:
         mw.budget.add_reader(stream_log, self.conn)
         task = self.conn.start()
         task.add_done_callback(self._connection_done)
+        mw.drain.track(self, self.hand_over)
         if store is not None:
             self.relay.hold()
         self.relay.on_gone(self._client_gone)
@@ -266,12 +267,32 @@ class Exchange:
         self.local_readers += delta
         self.seen_at = time.time()
 
+    async def hand_over(self) -> None:
+        """The drain's deadline came with this stream running: cut the client (it resumes elsewhere), tell the
+        store its producer is gone after copying every event the log holds (a resume on another replica sees it
+        at once), then stop the engine request. In that order: the store holds every event the client got, and
+        the stream's log is not closed (which would write an end) before the store let go of it."""
+        store, stream_log, token, info = self.mw.store, self.log, self.token, self.info
+        if self.conn is not None:
+            self.conn.drained()
+        if store is not None and token is not None and stream_log is not None and not stream_log.closed:
+            try:
+                await store.hand_over(token)
+            except Exception as exc:  # noqa: BLE001 - the heartbeat then lapses as after a crash
+                log.warning("stream=%s hand-over to the store failed (%r)", info.stream_id if info else "?", exc)
+        if info is not None:
+            log.warning("stream=%s ended by drain: handed over at the deadline after %d events (resumable: %s)",
+                        info.stream_id, stream_log.next_index if stream_log is not None else 0, token is not None)
+        self.relay.release()  # the app sees its client gone: the engine request stops (this server exits)
+
     def _connection_done(self, task: asyncio.Task[str]) -> None:
         conn = self.conn
         if conn is not None and conn.cut:
             assert self.info is not None
             self.cut_at = time.time()
-            if conn.timed_out:
+            if conn.state is ConnState.DRAINED:
+                pass  # said by ``hand_over``
+            elif conn.timed_out:
                 log.info("stream=%s client accepted no bytes for %.0fs: connection cut", self.info.stream_id,
                          self.mw.config.send_timeout)
             else:
@@ -376,6 +397,7 @@ class Exchange:
                 with contextlib.suppress(Exception):
                     await mw.store.finish(self.token)
         finally:
+            mw.drain.untrack(self)
             if self.token is not None:
                 mw.exchanges.pop(self.token, None)
             mw.budget.remove_stream(producer.log)  # a finished log is the store's to count from here on

@@ -39,6 +39,7 @@ from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.core.hooks.manager import codecs, create_plugin_manager
 from eloquent_plugins.core.padding import sse_policy
 from eloquent_plugins.core.protocol import DATAGRAM, TRANSPORT_HEADER
+from eloquent_plugins.transports.drain import DRAIN_PATH, READY_PATH, Drain
 from eloquent_plugins.transports.asgi import ASGIApp, Message, Receive, Scope, Send
 from eloquent_plugins.transports.metrics import METRICS_PATH, StreamMetrics
 from eloquent_plugins.transports.resume import create_store
@@ -47,7 +48,7 @@ from eloquent_plugins.transports.resume.base import ResumeStore
 from eloquent_plugins.transports.sse.budget import StreamBudget
 from eloquent_plugins.transports.sse.connection import MAX_LAG_EVENTS
 from eloquent_plugins.transports.sse.exchange import Exchange
-from eloquent_plugins.transports.sse.headers import respond
+from eloquent_plugins.transports.sse.headers import json_error, respond
 from eloquent_plugins.transports.sse.ids import RESUME_QUERY_KEY, IdentityFunction, resume_request
 from eloquent_plugins.transports.sse.limits import ClientLimits
 from eloquent_plugins.transports.sse.merge import merge_openai
@@ -55,6 +56,7 @@ from eloquent_plugins.transports.sse.resume import serve_resume
 from eloquent_plugins.transports.telemetry import tracer
 
 log = logging.getLogger("eloquent_plugins.transports.sse")
+DRAIN_ROUTES = (READY_PATH, DRAIN_PATH)
 STORE_PROBE_TIMEOUT = 3.0
 """Seconds the start-up check of the resume store may take before the store counts as unreachable."""
 
@@ -71,7 +73,7 @@ class EloquentMiddleware:
     def __init__(self, app: ASGIApp, config: StreamConfig | None = None, *,
                  plugin_manager: pluggy.PluginManager | None = None, store: ResumeStore | None = None,
                  identity: IdentityFunction | None = None, codec_routes: Sequence[tuple[str, str]] | None = None,
-                 metrics_path: str | None = "/metrics", registry: Any = None) -> None:
+                 metrics_path: str | None = "/metrics", registry: Any = None, drain: Drain | None = None) -> None:
         """``config`` None reads ``StreamConfig.from_env()`` (vLLM's ``--middleware`` passes no arguments).
 
         ``store`` overrides the one built from ``config.resume_store``; ``identity(scope)`` names the caller a
@@ -79,7 +81,8 @@ class EloquentMiddleware:
         (``DEFAULT_CODEC_ROUTES`` when None); ``metrics_path`` serves this middleware's metrics where the app
         has no such route (None: off), and ``/eloquent/metrics`` serves them always (the way to reach them
         where the app or its upstream owns ``/metrics``); ``registry`` is a prometheus ``CollectorRegistry`` to
-        register into instead of a private one.
+        register into instead of a private one; ``drain`` is the server's (``eloquent serve`` turns SIGTERM
+        into it), else one of its own from ``config.drain_timeout`` (``POST /eloquent/drain`` starts it).
         """
         self.app = app
         self.config = config if config is not None else StreamConfig.from_env()
@@ -104,6 +107,9 @@ class EloquentMiddleware:
         """The live resumable streams produced here, by token (a resume here tells its producer it is read)."""
         self.spans: dict[str, Any] = {}
         """The live span of each resumable stream here, by token (a resume adds its connection to it)."""
+        self.drain = drain if drain is not None else Drain(self.config.drain_timeout, token=self.config.drain_token)
+        """Readiness (``/ready``), refusals while draining, and the hand-over of what still runs at its deadline."""
+        self.drain.attach(self.metrics)
         self.tracer = tracer()
         """OpenTelemetry tracer (None without opentelemetry-api): one span per stream (``transports.telemetry``)."""
 
@@ -113,29 +119,46 @@ class EloquentMiddleware:
                 receive = self._probe_store_at_startup(receive)
             await self.app(scope, receive, send)
             return
-        if scope["path"] == METRICS_PATH and scope["method"] in ("GET", "HEAD"):
+        path = scope["path"]
+        if path in DRAIN_ROUTES and await self.drain.serve_route(scope, receive, send):
+            return
+        if path == METRICS_PATH and scope["method"] in ("GET", "HEAD"):
             body, content_type = self.metrics.render()
             await respond(send, 200, [(b"content-type", content_type.encode()),
                                       (b"content-length", str(len(body)).encode())],
                           b"" if scope["method"] == "HEAD" else body)
             return
         resume_raw: str | None = None
+        bare = False
         for name, value in scope["headers"]:
             if name == TRANSPORT_HEADER and value.strip().lower() == DATAGRAM and scope.get("http_version") != "3":
-                await self.app(scope, receive, send)
-                return
+                bare = True
+                break
             if name == b"last-event-id" and value.strip():  # empty: no id (SSE spec), so not a resume
                 resume_raw = value.decode("latin-1")
-        if self.store is not None:
-            if resume_raw is None and RESUME_QUERY_KEY in scope.get("query_string", b""):
-                resume_raw = resume_request(scope)
-            if resume_raw is not None:
-                await serve_resume(self, scope, receive, send, resume_raw)
-                return
-        if scope["path"] == self.metrics_path and scope["method"] in ("GET", "HEAD"):
-            await self._serve_metrics(scope, receive, send)
+        if (not bare and self.store is not None and resume_raw is None
+                and RESUME_QUERY_KEY in scope.get("query_string", b"")):
+            resume_raw = resume_request(scope)
+        drain = self.drain
+        if drain.state and (resume_raw is None or self.store is None) and drain.refuses(scope):
+            status, headers, body = json_error(self.router, path, 503, "this replica is draining (shutting down): "
+                                               "retry, another replica takes the request", "draining",
+                                               type_="server_draining")
+            log.info("refused %s %s: draining", scope.get("method"), path)
+            await drain.refuse(send, body, headers)
             return
-        await Exchange(self, scope, receive, send).run()
+        drain.enter()
+        try:
+            if bare:
+                await self.app(scope, receive, send)
+            elif self.store is not None and resume_raw is not None:
+                await serve_resume(self, scope, receive, send, resume_raw)
+            elif path == self.metrics_path and scope["method"] in ("GET", "HEAD"):
+                await self._serve_metrics(scope, receive, send)
+            else:
+                await Exchange(self, scope, receive, send).run()
+        finally:
+            drain.leave()
 
     def _probe_store_at_startup(self, receive: Receive) -> Receive:
         """At the app's start, look the store up once: an unreachable one (Redis down) is one warning now, not a

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from eloquent_plugins.core.protocol import BadEventId, ResumePoint, parse_event_id
@@ -170,12 +171,14 @@ async def _replay(mw: EloquentMiddleware, scope: Scope, receive: Receive, send: 
     try:
         await send({"type": "http.response.start", "status": 200, "headers": list(meta.headers)})
         conn.start()
+        mw.drain.track(conn, _drained(meta.stream_id, consumer, conn))
         watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, conn))
         try:
             reason = await conn.finished()
         finally:
             watcher.cancel()
     finally:
+        mw.drain.untrack(conn)
         metrics.active_connections -= 1
         if local_log is not None:
             mw.budget.remove_reader(local_log, conn)
@@ -187,6 +190,16 @@ async def _replay(mw: EloquentMiddleware, scope: Scope, receive: Receive, send: 
                  conn.cursor - 1)
         if own_span is not None:
             own_span.end()
+
+
+def _drained(stream_id: str, consumer: str, conn: Connection) -> Callable[[], Awaitable[None]]:
+    """What the drain's deadline does to a resume connection here: cut it (its client resumes elsewhere)."""
+    async def hand_over() -> None:
+        log.warning("stream=%s ended by drain: resume connection %s cut at the deadline at event %d", stream_id,
+                    consumer, conn.cursor - 1)
+        conn.drained()
+
+    return hand_over
 
 
 def _why(exc: BaseException) -> str:
