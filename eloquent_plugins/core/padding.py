@@ -162,7 +162,7 @@ def parse_mode(text: str) -> PaddingMode:
 OBFUSCATION_KEY = b"include_obfuscation"
 
 
-def obfuscation_requested(body: bytes) -> bool | None:
+def obfuscation_requested(body: bytes | bytearray) -> bool | None:
     """An OpenAI request's ``stream_options.include_obfuscation`` (None when it does not say, or the body is not
     JSON): ``false`` turns padding off for that request, as on OpenAI's API. A substring test first, so a request
     that does not mention it costs no JSON parse."""
@@ -174,3 +174,15 @@ def obfuscation_requested(body: bytes) -> bool | None:
         return None
     value = options.get("include_obfuscation") if isinstance(options, dict) else None
     return value if isinstance(value, bool) else None
+
+
+def response_padding(server: PaddingPolicy | None, codec: str, transport: str,
+                     head: bytes | bytearray | None) -> PaddingPolicy | None:
+    """The padding one SSE response gets: the server's ``--padding``, unless the HTTP/3 front end reads this
+    response into datagrams (``transport`` ``eloquent``: they pad on their own) or an OpenAI request said
+    ``stream_options.include_obfuscation: false`` (``head``: the request body's start)."""
+    if server is None or transport == "eloquent":
+        return None
+    if codec == "openai" and head is not None and obfuscation_requested(head) is False:
+        return None
+    return server

@@ -2,8 +2,7 @@
 
 The app's response start decides the mode: a ``200 text/event-stream`` becomes a stream (ids, replay store,
 keep-alives, a connection that writes it to the client), unless its caller is over ``max_streams_per_client``;
-anything else passes through byte for byte.
-"""
+anything else passes through byte for byte."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from eloquent_plugins.core.hooks.manager import StreamHooks
 from eloquent_plugins.core.hooks.specs import StreamInfo
-from eloquent_plugins.core.padding import PaddingPolicy, obfuscation_requested
+from eloquent_plugins.core.padding import response_padding
 from eloquent_plugins.transports.asgi import HOOKS_EXTENSION, Message, Receive, Scope, Send
 from eloquent_plugins.transports.metrics import transport_label
 from eloquent_plugins.transports.resume.base import StreamMeta
@@ -217,7 +216,8 @@ class Exchange:
                                send_timeout=mw.config.send_timeout, metrics=metrics, merge=mw.merge_for(codec),
                                coalesce=mw.config.coalesce, max_queued=mw.config.max_queued_bytes,
                                socket=socket_control(scope), producer=self.producer,
-                               padding=self._padding(codec.name, label), send_tick=mw.config.send_tick)
+                               padding=response_padding(mw.padding, codec.name, label, self.relay.body_head),
+                               send_tick=mw.config.send_tick)
         mw.budget.add_reader(stream_log, self.conn)
         task = self.conn.start()
         task.add_done_callback(self._connection_done)
@@ -226,16 +226,6 @@ class Exchange:
             self.relay.hold()
         self.relay.on_gone(self._client_gone)
         self.relay.watch()
-
-    def _padding(self, codec: str, transport: str) -> PaddingPolicy | None:
-        """The server's ``--padding``, unless this response is read by the HTTP/3 front end into datagrams (which
-        pad on their own) or an OpenAI request said ``stream_options.include_obfuscation: false``."""
-        pad, head = self.mw.padding, self.relay.body_head
-        if pad is None or transport == "eloquent":
-            return None
-        if codec == "openai" and head is not None and obfuscation_requested(bytes(head)) is False:
-            return None
-        return pad
 
     def _release_slot(self) -> None:
         """Idempotent: the stream ended, or its client left (a resume is not counted again)."""
