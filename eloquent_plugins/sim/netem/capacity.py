@@ -204,11 +204,15 @@ class TraceQueue:
     """The queue's state: the opportunity the next packet starts at, the bytes of it already used, and the
     packets still waiting (their departure and size), for the drop-tail limit."""
 
-    __slots__ = ("link", "stats", "_k", "_used", "_waiting", "_backlog", "_codel")
+    __slots__ = ("link", "stats", "_k", "_used", "_waiting", "_backlog", "_codel", "tail", "_tail_cap")
 
-    def __init__(self, link: CapacityLink) -> None:
+    def __init__(self, link: CapacityLink, *, record_tail: int = 0) -> None:
         self.link = link
         self.stats = QueueStats()
+        self.tail: list[tuple[float, float]] = []
+        """With ``record_tail`` (at most that many entries): (arrival, departure) of every accepted packet, the
+        queue's tail over time, from which ``floor`` tells when a packet alone could have left."""
+        self._tail_cap = record_tail
         self._k = -1
         """Index of the opportunity serving the queue's tail; -1: none yet."""
         self._used = 0
@@ -268,9 +272,21 @@ class TraceQueue:
         self._k, self._used = k, used
         self._waiting.append((departure, size))
         self._backlog += size
+        if len(self.tail) < self._tail_cap:
+            self.tail.append((now, departure))
         stats.delivered += 1
         stats.delivered_bytes += size
         return departure
+
+    def floor(self, t: float, arrivals: list[float] | None = None) -> float:
+        """When a packet arriving at ``t`` could leave at the earliest: behind the packets accepted before it (the
+        recorded tail), at the first opportunity from ``t`` on. The reference a stream's lateness is measured
+        against on a real link: what the link and the traffic on it cost, not the scheme's recovery.
+        ``arrivals``: ``[a for a, _ in tail]``, precomputed when called for many ``t``."""
+        first = self._at(self.link.trace.first_at_or_after(t + self.link.offset))
+        keys = arrivals if arrivals is not None else [a for a, _ in self.tail]
+        i = bisect.bisect_right(keys, t) - 1
+        return max(first, self.tail[i][1]) if i >= 0 else first
 
     @property
     def drops(self) -> int:

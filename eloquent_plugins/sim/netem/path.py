@@ -91,7 +91,7 @@ class Link:
 
     def __init__(self, config: PathConfig) -> None:
         self.config = config
-        self.queue = TraceQueue(config.capacity) if config.capacity is not None else None
+        self.queue = TraceQueue(config.capacity, record_tail=1 << 20) if config.capacity is not None else None
         """The trace-driven queue, shared with any cross traffic through ``through``."""
         self._link_free = 0.0
         self._last_arrival = 0.0
