@@ -21,6 +21,8 @@ from eloquent_plugins.sim.netem import Outage, PathConfig, PathModel, TraceQueue
 from eloquent_plugins.sim.precise_timers import PreciseTimers
 from eloquent_plugins.sim.relay_record import Bottleneck, PacketRecord, SharedQueue
 
+TAIL_RECORD = 300_000
+"""Entries of a trace queue's tail record (``TraceQueue.floor``): minutes of a saturated LTE link, ~25 MB."""
 UDP_IP_HEADER = 28
 """IPv4 + UDP bytes, counted against a bandwidth limit on top of the datagram itself."""
 
@@ -237,7 +239,7 @@ class Relay(asyncio.DatagramProtocol):
         """With ``config.record``: (client index, "up" or "down") -> every datagram, in arrival order."""
         self.bottleneck = SharedQueue(config.bottleneck) if config.bottleneck is not None else None
         self.queues: dict[str, TraceQueue] = {
-            name: TraceQueue(path.capacity) for name, path in (("up", config.upstream), ("down", config.downstream))
+            name: TraceQueue(path.capacity, record_tail=TAIL_RECORD) for name, path in (("up", config.upstream), ("down", config.downstream))
             if path.capacity is not None}
         """The trace-driven bottleneck of each direction ("up": to the server), shared by every client."""
 
@@ -323,6 +325,9 @@ class Relay(asyncio.DatagramProtocol):
             return
         if record is not None:
             record.due = arrival
+        if own is not None:
+            own.forwarded += 1
+            own.bytes_forwarded += len(data)
         pipe.put(self._start + arrival, data, record)
 
     async def close(self) -> None:
