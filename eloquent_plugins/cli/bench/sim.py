@@ -62,6 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--queue-packets", type=numbers.positive, default=100,
                         help="with --links: the drop-tail queue in packets, each direction (default: %(default)s)")
     parser.add_argument("--codel", action="store_true", help="with --links: CoDel on the queues")
+    parser.add_argument("--plot-stream", type=numbers.count, default=0, metavar="N",
+                        help="with --links --plot: which stream of the first trace (with cross traffic) to plot")
     parser.add_argument("--timeline", metavar="PATH", default=None,
                         help="write the per-token timeline of the first stream of the first scenario (Eloquent: "
                         "generated, every datagram and its fate, rendered) as JSON")

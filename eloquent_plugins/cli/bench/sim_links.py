@@ -78,4 +78,32 @@ def run_links(args: argparse.Namespace) -> int:
         with open(args.json, "w", encoding="utf-8") as fp:
             json.dump(doc, fp, indent=2)
         print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        chosen = next((s for s in scenarios if s.cross), scenarios[0])
+        plot_links(args.plot, chosen, seeds[0], args.plot_stream)
+        print(f"wrote {args.plot}", file=sys.stderr)
     return 0
+
+
+def plot_links(path: str, scenario: Scenario, seed: int = 1, stream: int = 0) -> None:
+    """Stall over time on one link, the four schemes: each token's lateness above the link's floor against
+    its generation time, one stream (matplotlib imported only here)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    assert scenario.link is not None
+    runs = simulate_stream(scenario, seed, stream, None, LINK_SCHEMES,
+                           _link(scenario.link, scenario.queue_packets, bool(scenario.codel)))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for name, run in runs.items():
+        late = [max(0.0, r - (f + run.min_delay)) * 1000 for f, r in zip(run.ready, run.rendered)]
+        ax.plot(run.generated, late, label=name, linewidth=1.2, drawstyle="steps-post")
+    ax.set_xlabel("seconds (token generated)")
+    ax.set_ylabel("lateness above the link's floor (ms)")
+    ax.set_title(f"Stall over time: {scenario.label}, seed {seed}, stream {stream} (eloquent bench sim --links)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
