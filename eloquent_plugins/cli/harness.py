@@ -23,8 +23,10 @@ from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.stall import StallReport, percentile, stall_metrics
 from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.sim.netem import LossSchedule, Outage, PathConfig
+from eloquent_plugins.sim.links import RealLink
 from eloquent_plugins.sim.relay_record import Bottleneck
 from eloquent_plugins.sim.udp_relay import Relay, RelayConfig, start_relay
+from eloquent_plugins.transports.asgi import ASGIApp
 from eloquent_plugins.transports.http3 import FrontEndOptions, Http3Server, start_http3_server
 
 SCHEMES = ("eloquent", "stream", "duplicate")
@@ -72,6 +74,10 @@ class Conditions:
     seed: int = 1
     bottleneck: Bottleneck | None = None
     """A rate and drop-tail queue every client's server -> client packets share (loss from queue overflow)."""
+    link: RealLink | None = None
+    """A cellular trace pair (``sim.links``): the relay's two directions drain at its opportunities."""
+    link_offset: float = 0.0
+    """Where in the trace the relay starts (seconds)."""
 
     @property
     def one_way(self) -> float:
@@ -80,6 +86,14 @@ class Conditions:
     def path(self) -> PathConfig:
         return PathConfig(delay=self.one_way, jitter=self.jitter, loss=self.loss, burst=self.burst,
                           loss_schedule=self.loss_schedule)
+
+    def paths(self) -> tuple[PathConfig, PathConfig]:
+        """(upstream, downstream): the same path both ways, or a real link's ``.up`` and ``.down``."""
+        path = self.path()
+        if self.link is None:
+            return path, path
+        down, up = self.link.paths(path, self.link_offset)
+        return up, down
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,17 +237,21 @@ class Harness:
 
 @asynccontextmanager
 async def harness(conditions: Conditions, workload: Workload, *, record: bool = False,
-                  redundancy: str | int | None = None, page_origins: tuple[str, ...] = ()) -> AsyncIterator[Harness]:
+                  redundancy: str | int | None = None, page_origins: tuple[str, ...] = (),
+                  wrap: Callable[[ASGIApp], ASGIApp] | None = None) -> AsyncIterator[Harness]:
     """``record``: the relay keeps every packet (per-token timelines); ``redundancy``: the datagram senders'
-    ``SenderConfig.redundancy`` (None: the default); ``page_origins``: pages that may open WebTransport sessions."""
-    app = create_engine_app(EngineConfig(ttft=workload.ttft, tpot=workload.tpot,
-                                         max_tokens_limit=max(8192, workload.max_tokens)))
+    ``SenderConfig.redundancy`` (None: the default); ``page_origins``: pages that may open WebTransport sessions;
+    ``wrap``: around the engine app (a bulk route beside it)."""
+    app: ASGIApp = create_engine_app(EngineConfig(ttft=workload.ttft, tpot=workload.tpot,
+                                                  max_tokens_limit=max(8192, workload.max_tokens)))
+    if wrap is not None:
+        app = wrap(app)
     server = await start_http3_server(app, host="127.0.0.1", port=0, config=StreamConfig(),
                                       options=FrontEndOptions(record_timings=True, sender_redundancy=redundancy,
                                                               cors_origins=page_origins))
     try:
-        path = conditions.path()
-        relay = await start_relay(RelayConfig(target=("127.0.0.1", server.port), upstream=path, downstream=path,
+        up, down = conditions.paths()
+        relay = await start_relay(RelayConfig(target=("127.0.0.1", server.port), upstream=up, downstream=down,
                                               record=record, bottleneck=conditions.bottleneck,
                                               precise_timers=True,
                                               outages=conditions.outages, seed=conditions.seed))

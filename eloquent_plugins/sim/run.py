@@ -22,6 +22,7 @@ from eloquent_plugins.sim.eloquent import EloquentEndpoints
 from eloquent_plugins.sim.scenario import Scenario
 from eloquent_plugins.sim.tcp import TcpConfig, TcpSender
 from eloquent_plugins.sim.tcp_receiver import TcpReceiver
+from eloquent_plugins.sim.links import WARMUP, BulkFlow, RealLink, stream_offset, stream_span
 from eloquent_plugins.sim.timeline import Timeline, TokenModel, generate_timeline
 from eloquent_plugins.sim.link import QUIC_DATAGRAM_HEADER, TCP_HEADER, SimWire
 
@@ -47,6 +48,8 @@ class StreamRun:
     packets_sent: int
     details: dict[str, float] = field(default_factory=dict)
     """Scheme internals worth checking (TCP timeouts and RTO, Eloquent probes), not used by the metrics."""
+    ready: tuple[float, ...] = ()
+    """On a real link: per token, when its packet alone could have left the bottleneck (``link_floor``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,15 +106,65 @@ def oracle_sends(timeline: Timeline) -> tuple[list[tuple[float, int]], float]:
     return sends, step
 
 
-def _paths(path: PathConfig, timeline: Timeline, seeds: StreamSeeds) -> tuple[SlottedPath, SlottedPath]:
+def _paths(path: PathConfig, timeline: Timeline, seeds: StreamSeeds,
+           reverse: PathConfig | None = None) -> tuple[SlottedPath, SlottedPath]:
     sends, step = oracle_sends(timeline)
     slots = [when for when, _ in sends]
     return (SlottedPath(path, seeds.forward, slots, step),
-            SlottedPath(path, seeds.reverse, [when + path.delay for when in slots], step))
+            SlottedPath(reverse or path, seeds.reverse, [when + path.delay for when in slots], step))
+
+
+@dataclass(frozen=True, slots=True)
+class LinkRun:
+    """One stream on a real link: the trace pair from ``offset`` s in, and whether a bulk download shares it."""
+
+    link: RealLink
+    offset: float
+    cross: bool
+
+    def paths(self, base: PathConfig, timeline: Timeline, seeds: StreamSeeds) -> tuple[SlottedPath, SlottedPath]:
+        forward, reverse = self.link.paths(base, self.offset)
+        return _paths(forward, timeline, seeds, reverse)
+
+    def bulk(self, loop: EventLoop, forward: SlottedPath, reverse: SlottedPath, timeline: Timeline,
+             rtt: float) -> BulkFlow | None:
+        if not self.cross:
+            return None
+        return BulkFlow(loop, forward.link, reverse.link, start=0.0, stop=timeline.times[-1] + 1.0,
+                        window=(timeline.times[0], timeline.times[-1]), rtt=rtt)
+
+
+def link_floor(forward: SlottedPath, generated: tuple[float, ...]) -> tuple[float, ...]:
+    """Per token, when its packet alone could have left the forward queue (``TraceQueue.floor``)."""
+    queue = forward.link.queue
+    if queue is None:
+        return generated
+    arrivals = [a for a, _ in queue.tail]
+    return tuple(queue.floor(g, arrivals) for g in generated)
+
+
+def _link_details(forward: SlottedPath, reverse: SlottedPath, bulk: BulkFlow | None) -> dict[str, float]:
+    out = {"own_packets": float(forward.stats.packets + reverse.stats.packets),
+           "own_queue_drops": float(forward.stats.queue_drops + reverse.stats.queue_drops)}
+    if bulk is not None:
+        out |= {"cross_bps": bulk.throughput(), "cross_segments": float(bulk.stats.segments),
+                "cross_lost": float(bulk.stats.lost)}
+    return out
+
+
+def run_bulk_alone(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, link: LinkRun) -> float:
+    """The cross flow's throughput over the token stream's span with no token stream: its baseline."""
+    loop = EventLoop()
+    forward, reverse = link.paths(scenario.path_config(), timeline, seeds)
+    bulk = link.bulk(loop, forward, reverse, timeline, _initial_rtt(scenario))
+    assert bulk is not None
+    loop.run(timeline.times[-1] + _TIME_GUARD)
+    return bulk.throughput()
 
 
 def run_tcp(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, trace: Trace | None, copies: int,
-            scheme: str, rack_tlp: bool = False, sizes: list[int] | None = None) -> StreamRun:
+            scheme: str, rack_tlp: bool = False, sizes: list[int] | None = None,
+            link: LinkRun | None = None) -> StreamRun:
     """``sizes``: bytes each token's write takes (``bench leak``: padded), instead of its payload's."""
     config = TcpConfig(copies=copies, rack_tlp=rack_tlp)
     path = scenario.path_config(trace)
@@ -119,7 +172,9 @@ def run_tcp(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, trace: T
     renders = _Renders(len(timeline.times))
     receiver = TcpReceiver(loop, config, lambda ack: reverse.send(ack, 0, ack.option_bytes), renders)
     sender = TcpSender(loop, config, _initial_rtt(scenario), lambda seg: forward.send(seg, seg.size))
-    forward_path, reverse_path = _paths(path, timeline, seeds)
+    forward_path, reverse_path = (_paths(path, timeline, seeds) if link is None
+                                  else link.paths(path, timeline, seeds))
+    bulk = None if link is None else link.bulk(loop, forward_path, reverse_path, timeline, _initial_rtt(scenario))
     forward = SimWire(loop, forward_path, TCP_HEADER, receiver.on_segment)
     reverse = SimWire(loop, reverse_path, TCP_HEADER, sender.on_ack)
     for index, (when, size) in enumerate(zip(timeline.times, sizes or _payload_sizes(timeline))):
@@ -130,15 +185,20 @@ def run_tcp(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, trace: T
                "loss_probes": stats.loss_probes,
                "retransmissions": stats.retransmissions, "segments": stats.segments,
                "first_rto": stats.rto_history[0] if stats.rto_history else 0.0}
+    ready: tuple[float, ...] = ()
+    if link is not None:
+        details |= _link_details(forward_path, reverse_path, bulk)
+        ready = link_floor(forward_path, timeline.times)
     return StreamRun(scheme, timeline.times, renders.result(scheme), path.min_delay,
                      forward.stats.bytes + reverse.stats.bytes, forward.stats.packets + reverse.stats.packets,
-                     details)
+                     details, ready)
 
 
 def run_eloquent(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, trace: Trace | None,
                  copies: int = 1, scheme: str = "eloquent", redundancy: str | int | None = None,
                  padding: PaddingPolicy | None = None,
-                 observe: Callable[[float, bytes], None] | None = None) -> StreamRun:
+                 observe: Callable[[float, bytes], None] | None = None,
+                 link: LinkRun | None = None) -> StreamRun:
     """``redundancy`` None keeps the sender's default; otherwise it sets ``SenderConfig.redundancy``.
     ``padding`` sets ``SenderConfig.padding``; ``observe(now, datagram)`` sees every data datagram sent (what an
     observer of the path sees, ``bench leak``)."""
@@ -156,7 +216,9 @@ def run_eloquent(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, tra
 
     ends = EloquentEndpoints(loop, _initial_rtt(scenario), send_data,
                              lambda a: reverse.send(a, len(a)), renders, sender_config=config, copies=copies)
-    forward_path, reverse_path = _paths(path, timeline, seeds)
+    forward_path, reverse_path = (_paths(path, timeline, seeds) if link is None
+                                  else link.paths(path, timeline, seeds))
+    bulk = None if link is None else link.bulk(loop, forward_path, reverse_path, timeline, _initial_rtt(scenario))
     forward = SimWire(loop, forward_path, QUIC_DATAGRAM_HEADER, ends.on_data)
     reverse = SimWire(loop, reverse_path, QUIC_DATAGRAM_HEADER, ends.on_ack)
     last = len(timeline.times) - 1
@@ -169,9 +231,13 @@ def run_eloquent(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, tra
     details = {"data_packets": stats.data_packets, "probe_packets": stats.probe_packets,
                "redundant_packets": stats.redundant_packets,
                "events_resent": stats.events_resent, "acks": ends.receiver.stats.acks_sent}
+    ready: tuple[float, ...] = ()
+    if link is not None:
+        details |= _link_details(forward_path, reverse_path, bulk)
+        ready = link_floor(forward_path, timeline.times)
     return StreamRun(scheme, timeline.times, renders.result(scheme), path.min_delay,
                      forward.stats.bytes + reverse.stats.bytes, forward.stats.packets + reverse.stats.packets,
-                     details)
+                     details, ready)
 
 
 def run_oracle(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, trace: Trace | None) -> StreamRun:
@@ -209,26 +275,39 @@ def run_oracle(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, trace
 
 
 def simulate_stream(scenario: Scenario, seed: int, stream: int, trace: Trace | None = None,
-                    schemes: tuple[str, ...] = SCHEMES) -> dict[str, StreamRun]:
+                    schemes: tuple[str, ...] = SCHEMES, real_link: RealLink | None = None) -> dict[str, StreamRun]:
+    """``real_link``: the stream runs on that trace pair (from its place in the trace, ``links.stream_offset``),
+    after ``links.WARMUP`` s, beside a bulk download when ``scenario.cross``; the oracle is not defined there."""
     seeds = StreamSeeds.derive(seed, stream)
     model = TokenModel(tokens=scenario.tokens, tpot=scenario.tpot_ms / 1000)
     timeline = generate_timeline(model, random.Random(seeds.timeline))
+    link: LinkRun | None = None
+    if real_link is not None:
+        timeline = replace(timeline, times=tuple(t + WARMUP for t in timeline.times))
+        span = stream_span(scenario.tokens, scenario.tpot_ms / 1000)
+        link = LinkRun(real_link, stream_offset((seed - 1) * scenario.streams + stream, span), bool(scenario.cross))
     out: dict[str, StreamRun] = {}
+    alone = run_bulk_alone(scenario, timeline, seeds, link) if link is not None and link.cross else None
     for scheme in schemes:
         if scheme == "retransmission":
-            out[scheme] = run_tcp(scenario, timeline, seeds, trace, 1, scheme)
+            out[scheme] = run_tcp(scenario, timeline, seeds, trace, 1, scheme, link=link)
         elif scheme == RACK_TLP:
-            out[scheme] = run_tcp(scenario, timeline, seeds, trace, 1, scheme, rack_tlp=True)
+            out[scheme] = run_tcp(scenario, timeline, seeds, trace, 1, scheme, rack_tlp=True, link=link)
         elif scheme == "duplication":
-            out[scheme] = run_tcp(scenario, timeline, seeds, trace, scenario.copies, scheme)
+            out[scheme] = run_tcp(scenario, timeline, seeds, trace, scenario.copies, scheme, link=link)
         elif scheme == "eloquent":
-            out[scheme] = run_eloquent(scenario, timeline, seeds, trace)
+            out[scheme] = run_eloquent(scenario, timeline, seeds, trace, link=link)
         elif scheme == ELOQUENT_ADAPTIVE:
-            out[scheme] = run_eloquent(scenario, timeline, seeds, trace, scheme=scheme, redundancy="adaptive")
+            out[scheme] = run_eloquent(scenario, timeline, seeds, trace, scheme=scheme, redundancy="adaptive",
+                                       link=link)
         elif scheme == ELOQUENT_X2:
-            out[scheme] = run_eloquent(scenario, timeline, seeds, trace, copies=2, scheme=scheme)
+            out[scheme] = run_eloquent(scenario, timeline, seeds, trace, copies=2, scheme=scheme, link=link)
         elif scheme == "oracle":
+            if link is not None:
+                raise ConfigError("the oracle is not defined on a real link (its bound assumes no queue)")
             out[scheme] = run_oracle(scenario, timeline, seeds, trace)
         else:
             raise ConfigError(f"unknown scheme {scheme!r}")
+        if alone is not None:
+            out[scheme].details["cross_alone_bps"] = alone
     return out

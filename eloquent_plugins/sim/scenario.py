@@ -12,6 +12,7 @@ from eloquent_plugins.sim.netem import GilbertElliott, PathConfig, Trace, load_t
 _KEYS = {
     "loss": "loss", "burst": "burst", "rtt": "rtt_ms", "jitter": "jitter_ms", "tpot": "tpot_ms",
     "bw": "bandwidth_kbps", "tokens": "tokens", "streams": "streams", "trace": "trace", "k": "copies",
+    "link": "link", "cross": "cross", "queue": "queue_packets", "codel": "codel",
 }
 
 
@@ -32,6 +33,14 @@ class Scenario:
     """Trace file applied to both directions (see ``eloquent_plugins.sim.netem.trace``)."""
     copies: int = 2
     """k of the duplication baseline."""
+    link: str | None = None
+    """A cellular capacity trace pair by name (``netem.capacity.TRACE_NAMES``) or path without ``.down``/``.up``."""
+    cross: int = 0
+    """1: a bulk download shares the link's bottleneck (``sim.links.BulkFlow``); needs ``link``."""
+    queue_packets: int = 100
+    """The link's drop-tail queue in packets, each direction."""
+    codel: int = 0
+    """1: CoDel on the link's queue."""
 
     def __post_init__(self) -> None:
         GilbertElliott(self.loss, self.burst)
@@ -40,8 +49,12 @@ class Scenario:
         require_finite("tpot (ms)", self.tpot_ms, strict=True)
         if self.bandwidth_kbps is not None:
             require_finite("bw (kbit/s)", self.bandwidth_kbps, strict=True)
-        if self.tokens < 1 or self.streams < 1 or self.copies < 1:
-            raise ConfigError("tokens, streams and k must be >= 1")
+        if self.tokens < 1 or self.streams < 1 or self.copies < 1 or self.queue_packets < 1:
+            raise ConfigError("tokens, streams, k and queue must be >= 1")
+        if self.cross not in (0, 1) or self.codel not in (0, 1):
+            raise ConfigError("cross and codel are 0 or 1")
+        if self.cross and not self.link:
+            raise ConfigError("cross traffic needs a link (link=TRACE)")
 
     @property
     def label(self) -> str:
@@ -54,6 +67,11 @@ class Scenario:
             parts.append(f"bw={self.bandwidth_kbps:g}")
         if self.trace:
             parts.append(f"trace={self.trace}")
+        if self.link:
+            parts = [f"link={self.link}", f"cross={self.cross}"]
+            parts += [f"queue={self.queue_packets}"] if self.queue_packets != 100 else []
+            parts += ["codel=1"] if self.codel else []
+            parts += [f"loss={self.loss:g}"] if self.loss else []
         return ",".join(parts)
 
     def as_dict(self) -> dict[str, object]:
@@ -84,7 +102,7 @@ def parse_scenario(spec: str, base: Scenario | None = None) -> Scenario:
         if key not in _KEYS:
             raise ConfigError(f"unknown scenario key {key!r} in {spec!r} (known: {', '.join(_KEYS)})")
         name = _KEYS[key]
-        if name == "trace":
+        if name in ("trace", "link"):
             values[name] = raw
             continue
         try:

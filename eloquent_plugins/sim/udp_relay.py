@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eloquent_plugins.core.errors import ConfigError
-from eloquent_plugins.sim.netem import Outage, PathConfig, PathModel
+from eloquent_plugins.sim.netem import Outage, PathConfig, PathModel, TraceQueue
 from eloquent_plugins.sim.precise_timers import PreciseTimers
 from eloquent_plugins.sim.relay_record import Bottleneck, PacketRecord, SharedQueue
 
+TAIL_RECORD = 300_000
+"""Entries of a trace queue's tail record (``TraceQueue.floor``): minutes of a saturated LTE link, ~25 MB."""
 UDP_IP_HEADER = 28
 """IPv4 + UDP bytes, counted against a bandwidth limit on top of the datagram itself."""
 
@@ -163,8 +165,11 @@ class _Client:
         self.addr = addr
         self.index = index
         seeds = random.Random(f"eloquent-relay/{relay.config.seed}/{index}")
-        self.up = PathModel(relay.config.direction(True), seeds.getrandbits(63))
-        self.down = PathModel(relay.config.direction(False), seeds.getrandbits(63))
+        # A trace-driven queue is the relay's, shared by every client (``Relay.queues``), not each client's own.
+        self.up = PathModel(relay.config.direction(True).without_capacity(), seeds.getrandbits(63))
+        self.down = PathModel(relay.config.direction(False).without_capacity(), seeds.getrandbits(63))
+        self.own = {"up": DirectionStats(), "down": DirectionStats()}
+        """This client's own counts (received, queue_dropped): what the shared queue did to its flow."""
         self.transport: asyncio.DatagramTransport | None = None
         self.pending: list[bytes] = []
         loop = asyncio.get_running_loop()
@@ -192,11 +197,12 @@ class _Client:
         self.pending.clear()
 
     def from_client(self, data: bytes) -> None:
-        self.relay._pass(self.up, self.relay.stats.upstream, data, self.up_pipe, (self.index, "up"))
+        self.relay._pass(self.up, self.relay.stats.upstream, data, self.up_pipe, (self.index, "up"),
+                         trace_queue=self.relay.queues.get("up"), own=self.own["up"])
 
     def from_server(self, data: bytes) -> None:
         self.relay._pass(self.down, self.relay.stats.downstream, data, self.down_pipe, (self.index, "down"),
-                         self.relay.bottleneck)
+                         self.relay.bottleneck, trace_queue=self.relay.queues.get("down"), own=self.own["down"])
 
     def _to_server(self, data: bytes) -> None:
         if self.transport is None:
@@ -232,6 +238,17 @@ class Relay(asyncio.DatagramProtocol):
         self.records: dict[tuple[int, str], list[PacketRecord]] = {}
         """With ``config.record``: (client index, "up" or "down") -> every datagram, in arrival order."""
         self.bottleneck = SharedQueue(config.bottleneck) if config.bottleneck is not None else None
+        self.queues: dict[str, TraceQueue] = {
+            name: TraceQueue(path.capacity, record_tail=TAIL_RECORD) for name, path in (("up", config.upstream), ("down", config.downstream))
+            if path.capacity is not None}
+        """The trace-driven bottleneck of each direction ("up": to the server), shared by every client."""
+
+    def client_stats(self, index: int) -> dict[str, DirectionStats]:
+        """One client's own counts per direction (received, queue_dropped), by order of first contact."""
+        for client in self._clients.values():
+            if client.index == index:
+                return client.own
+        return {"up": DirectionStats(), "down": DirectionStats()}
 
     @property
     def listen_addr(self) -> tuple[str, int]:
@@ -286,17 +303,24 @@ class Relay(asyncio.DatagramProtocol):
         client.from_client(data)
 
     def _pass(self, model: PathModel, stats: DirectionStats, data: bytes, pipe: _Pipe, key: tuple[int, str],
-              queue: SharedQueue | None = None) -> None:
+              queue: SharedQueue | None = None, *, trace_queue: TraceQueue | None = None,
+              own: DirectionStats | None = None) -> None:
         stats.received += 1
+        if own is not None:
+            own.received += 1
         now = self.elapsed()
         size = len(data) + UDP_IP_HEADER
         record = None
         if self.config.record:
             record = PacketRecord(now, size, None)
             self.records.setdefault(key, []).append(record)
-        departure = now if queue is None else queue.depart(now, size)
+        departure: float | None = now if queue is None else queue.depart(now, size)
+        if departure is not None and trace_queue is not None:
+            departure = trace_queue.offer(departure, size)
         if departure is None:
             stats.queue_dropped += 1
+            if own is not None:
+                own.queue_dropped += 1
             if record is not None:
                 record.cause = "queue"
             return
@@ -312,6 +336,9 @@ class Relay(asyncio.DatagramProtocol):
             return
         if record is not None:
             record.due = arrival
+        if own is not None:
+            own.forwarded += 1
+            own.bytes_forwarded += len(data)
         pipe.put(self._start + arrival, data, record)
 
     async def close(self) -> None:

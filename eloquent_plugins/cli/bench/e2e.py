@@ -132,6 +132,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the bottleneck's drop-tail queue in KiB (default: %(default)s)")
     parser.add_argument("--redundancy", choices=("off", "adaptive"), default=None,
                         help="the datagram senders' SenderConfig.redundancy (default: the sender's default)")
+    parser.add_argument("--trace", default=None, metavar="NAME",
+                        help="a cellular trace pair of shared/traces/mahimahi (ELOQUENT_TRACES_DIR) instead of "
+                        "random loss: the relay drains each direction at the trace's opportunities, one queue "
+                        "shared by every client (see bench sim --links traces)")
+    parser.add_argument("--cross", action="store_true",
+                        help="with --trace: a bulk HTTP/3 download through the same relay and queue")
+    parser.add_argument("--queue-packets", type=numbers.positive, default=100,
+                        help="with --trace: the drop-tail queue in packets, each direction (default: %(default)s)")
+    parser.add_argument("--no-cross-baseline", action="store_true",
+                        help="with --cross: skip the bulk download's run alone (its throughput baseline)")
     parser.add_argument("--browser", nargs="?", const="all", default=None, choices=("all", "chromium", "firefox"),
                         help="add a row per browser engine (all: both; default when given alone): headless Chromium "
                         "(Debian's chromium, DevTools) and Firefox ESR (firefox-esr, WebDriver BiDi) running /chat "
@@ -154,6 +164,10 @@ def _config(args: argparse.Namespace) -> tuple[Conditions, Workload]:
 
 def run(args: argparse.Namespace) -> int:
     conditions, workload = _config(args)
+    if args.trace:
+        from eloquent_plugins.cli.bench.e2e_links import run_trace
+
+        return run_trace(args, workload)
     done = [0]
     total = workload.requests * len(SCHEMES)
 

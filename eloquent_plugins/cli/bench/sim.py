@@ -52,6 +52,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", default=None, help="write results and summary as JSON")
     add_plot(parser, "write a PNG of stall ratio per scheme")
     add_progress(parser)
+    parser.add_argument("--links", choices=("traces",), default=None,
+                        help="instead of the loss matrix: the four schemes on the cellular traces of "
+                        "shared/traces/mahimahi (ELOQUENT_TRACES_DIR), with and without a bulk download")
+    parser.add_argument("--trace", action="append", default=[], metavar="NAME",
+                        help="with --links: only these traces (repeatable; default: all five)")
+    parser.add_argument("--cross", type=int, choices=(0, 1), default=None,
+                        help="with --links: only without (0) or with (1) the bulk download (default: both)")
+    parser.add_argument("--queue-packets", type=numbers.positive, default=100,
+                        help="with --links: the drop-tail queue in packets, each direction (default: %(default)s)")
+    parser.add_argument("--codel", action="store_true", help="with --links: CoDel on the queues")
+    parser.add_argument("--plot-stream", type=numbers.count, default=0, metavar="N",
+                        help="with --links --plot: which stream of the first trace (with cross traffic) to plot")
     parser.add_argument("--timeline", metavar="PATH", default=None,
                         help="write the per-token timeline of the first stream of the first scenario (Eloquent: "
                         "generated, every datagram and its fate, rendered) as JSON")
@@ -121,6 +133,10 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:  # before the run, not after it
         with needs_extra("bench sim --plot"):
             import matplotlib  # noqa: F401
+    if args.links:
+        from eloquent_plugins.cli.bench.sim_links import run_links
+
+        return run_links(args)
     plan = build_plan(args)
     extra = {RACK_TLP} if args.rack_tlp else set()
     extra |= {ELOQUENT_X2} if args.eloquent_x2 else set()

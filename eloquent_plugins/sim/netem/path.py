@@ -10,9 +10,10 @@ with the packets before (common random numbers: schemes are compared on the same
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from eloquent_plugins.core.checks import require_finite
+from eloquent_plugins.sim.netem.capacity import CapacityLink, TraceQueue
 from eloquent_plugins.sim.netem.gilbert import GilbertElliott, LossProcess
 from eloquent_plugins.sim.netem.schedule import LossSchedule, Outage
 from eloquent_plugins.sim.netem.trace import Trace
@@ -36,6 +37,10 @@ class PathConfig:
     between packets, so a loss burst lasts about ``burst`` packets of a stream paced every ``slot`` and does not
     freeze while a sender is quiet (a backed-off TCP would otherwise meet the same burst minutes later).
     None: steps only per packet, like netem's Gilbert-Elliott."""
+    capacity: CapacityLink | None = None
+    """A trace-driven bottleneck queue (``netem.capacity``) before the delay; losses then come from its
+    overflow. The relay shares one queue per direction among all its clients (``PathConfig.without_capacity``
+    for their own models); the simulator shares one between a scheme's flow and its cross traffic."""
     reorder: bool = False
     """False (default): packets leave in the order they entered (jitter delays the ones behind, like a queue);
     True: each packet takes its own delay, so jitter can reorder them."""
@@ -51,6 +56,9 @@ class PathConfig:
         if self.loss_schedule is not None:
             for _, loss in self.loss_schedule.points:
                 GilbertElliott(loss, self.burst)
+
+    def without_capacity(self) -> PathConfig:
+        return replace(self, capacity=None)
 
     def config_loss(self, now: float) -> float:
         return self.loss if self.loss_schedule is None else self.loss_schedule.at(now, self.loss)
@@ -72,26 +80,41 @@ class PathStats:
     bytes: int = 0
     lost: int = 0
     outage_drops: int = 0
+    queue_drops: int = 0
 
 
 class Link:
     """What happens after the loss decision: a FIFO bottleneck, then delay plus jitter, in order unless
     ``reorder``. Shared by ``PathModel`` and ``SlottedPath`` (through ``deliver``)."""
 
-    __slots__ = ("config", "_link_free", "_last_arrival")
+    __slots__ = ("config", "queue", "_link_free", "_last_arrival")
 
     def __init__(self, config: PathConfig) -> None:
         self.config = config
+        self.queue = TraceQueue(config.capacity, record_tail=1 << 20) if config.capacity is not None else None
+        """The trace-driven queue, shared with any cross traffic through ``through``."""
         self._link_free = 0.0
         self._last_arrival = 0.0
 
-    def depart(self, now: float, size: int) -> float:
-        """Serialise through the bottleneck (lost packets use it too: they die after it)."""
+    def depart(self, now: float, size: int) -> float | None:
+        """Serialise through the bottleneck (lost packets use it too: they die after it); None: the trace queue
+        dropped it."""
+        if self.queue is not None:
+            departure = self.queue.offer(now, size)
+            if departure is None or self.config.bandwidth is None:
+                return departure
+            now = departure
         if self.config.bandwidth is None:
             return now
         departure = max(now, self._link_free) + size * 8 / self.config.bandwidth
         self._link_free = departure
         return departure
+
+    def through(self, now: float, size: int) -> float | None:
+        """Another flow's packet on this link (cross traffic): the queue and the delay, no loss draws, no
+        jitter, so the scheme's own packets keep their random draws."""
+        departure = self.depart(now, size)
+        return None if departure is None else self.arrive(departure, self.config.delay, 0.0)
 
     def arrive(self, departure: float, delay: float, extra: float) -> float:
         arrival = departure + delay + extra
@@ -115,6 +138,9 @@ def deliver(config: PathConfig, link: Link, stats: PathStats, now: float, size: 
         if record.delay is not None:
             delay = record.delay
     departure = link.depart(now, size)
+    if departure is None:
+        stats.queue_drops += 1
+        return None
     if config.in_outage(now):
         stats.outage_drops += 1
         return None
@@ -137,6 +163,10 @@ class PathModel:
         self._loss = LossProcess(GilbertElliott(config.loss, config.burst), self._loss_rng)
         self._link = Link(config)
         self._last_send: float | None = None
+
+    @property
+    def link(self) -> Link:
+        return self._link
 
     def transmit(self, now: float, size: int) -> float | None:
         """Offer a ``size``-byte packet at ``now``; return its arrival time, or None if the path drops it."""

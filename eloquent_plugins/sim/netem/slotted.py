@@ -47,6 +47,11 @@ class SlottedPath:
         self._used: dict[int, int] = {}
         self._link = Link(config)
 
+    @property
+    def link(self) -> Link:
+        """The bottleneck and delay, where cross traffic joins this path (``Link.through``)."""
+        return self._link
+
     def slot_of(self, t: float) -> int:
         last = len(self._starts) - 1
         if t < self._starts[last]:

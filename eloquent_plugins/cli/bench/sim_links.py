@@ -1,0 +1,109 @@
+"""``eloquent bench sim --links traces``: every scheme on the five cellular traces, with and without a bulk
+download sharing the bottleneck (``sim.links``), figures from ``sim.links_report``."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+from eloquent_plugins.sim.links import RealLink, load_real_link
+from eloquent_plugins.sim.links_report import LinkFigures, format_links_table, link_figures
+from eloquent_plugins.sim.netem.capacity import TRACE_NAMES
+from eloquent_plugins.sim.run import ELOQUENT_ADAPTIVE, StreamRun, simulate_stream
+from eloquent_plugins.sim.scenario import Scenario
+
+LINK_SCHEMES = ("eloquent", ELOQUENT_ADAPTIVE, "retransmission", "duplication")
+"""The issue's four: Eloquent, Eloquent with adaptive redundancy, retransmission (TCP), duplication (TCP x2)."""
+LINK_RTT_MS = 60.0
+"""Base RTT of the links (30 ms each way before the queue), as ``mm-delay 30`` would add."""
+
+Task = tuple[int, Scenario, int, int]
+
+
+@functools.lru_cache(maxsize=8)
+def _link(name: str, queue: int, codel: bool) -> RealLink:
+    return load_real_link(name, queue, codel)  # parsed once per worker process, not once per stream
+
+
+def links_plan(args: argparse.Namespace) -> list[Scenario]:
+    names = args.trace or list(TRACE_NAMES)
+    tokens, streams = args.tokens or 150, args.streams or 2
+    crosses = (0, 1) if args.cross is None else (int(args.cross),)
+    return [Scenario(loss=0.0, rtt_ms=LINK_RTT_MS, tokens=tokens, streams=streams, link=name, cross=cross,
+                     queue_packets=args.queue_packets, codel=int(args.codel))
+            for name in names for cross in crosses]
+
+
+def _run(task: Task) -> tuple[int, dict[str, StreamRun]]:
+    index, scenario, seed, stream = task
+    assert scenario.link is not None
+    link = _link(scenario.link, scenario.queue_packets, bool(scenario.codel))
+    return index, simulate_stream(scenario, seed, stream, None, LINK_SCHEMES, link)
+
+
+def execute_links(scenarios: list[Scenario], seeds: tuple[int, ...], jobs: int) -> list[dict[str, LinkFigures]]:
+    for s in scenarios:
+        assert s.link is not None
+        load_real_link(s.link)  # a missing trace fails now, with its path, not in a worker
+    tasks = [(i, s, seed, k) for i, s in enumerate(scenarios) for seed in seeds for k in range(s.streams)]
+    per: dict[int, list[dict[str, StreamRun]]] = {i: [] for i in range(len(scenarios))}
+    if jobs <= 1:
+        results = map(_run, tasks)
+    else:
+        pool = ProcessPoolExecutor(max_workers=jobs)
+        results = pool.map(_run, tasks)
+    for index, runs in results:
+        per[index].append(runs)
+    if jobs > 1:
+        pool.shutdown()
+    return [{name: link_figures([r[name] for r in per[i]]) for name in LINK_SCHEMES} for i in range(len(scenarios))]
+
+
+def run_links(args: argparse.Namespace) -> int:
+    scenarios = links_plan(args)
+    seeds = tuple(range(args.seed, args.seed + args.seeds))
+    figures = execute_links(scenarios, seeds, args.jobs)
+    rows = [(s.label, f) for s, f in zip(scenarios, figures)]
+    print(format_links_table(rows))
+    print(f"\n{len(seeds)} seed(s) x {scenarios[0].streams} streams of {scenarios[0].tokens} tokens per row; "
+          f"stall: above the link's floor; raw: above the base one-way delay; x: the bulk download beside it "
+          f"(cost: its throughput lost to the token stream)")
+    if args.json:
+        doc = {"meta": {"argv": sys.argv[1:], "seeds": list(seeds)},
+               "rows": [{"label": s.label, "scenario": s.as_dict(),
+                         "schemes": {k: v.as_dict() for k, v in f.items()}} for s, f in zip(scenarios, figures)]}
+        with open(args.json, "w", encoding="utf-8") as fp:
+            json.dump(doc, fp, indent=2)
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        chosen = next((s for s in scenarios if s.cross), scenarios[0])
+        plot_links(args.plot, chosen, seeds[0], args.plot_stream)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def plot_links(path: str, scenario: Scenario, seed: int = 1, stream: int = 0) -> None:
+    """Stall over time on one link, the four schemes: each token's lateness above the link's floor against
+    its generation time, one stream (matplotlib imported only here)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    assert scenario.link is not None
+    runs = simulate_stream(scenario, seed, stream, None, LINK_SCHEMES,
+                           _link(scenario.link, scenario.queue_packets, bool(scenario.codel)))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for name, run in runs.items():
+        late = [max(0.0, r - (f + run.min_delay)) * 1000 for f, r in zip(run.ready, run.rendered)]
+        ax.plot(run.generated, late, label=name, linewidth=1.2, drawstyle="steps-post")
+    ax.set_xlabel("seconds (token generated)")
+    ax.set_ylabel("lateness above the link's floor (ms)")
+    ax.set_title(f"Stall over time: {scenario.label}, seed {seed}, stream {stream} (eloquent bench sim --links)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

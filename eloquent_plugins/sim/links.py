@@ -1,0 +1,129 @@
+"""Real links in the simulator: a scenario's cellular trace pair (``.down``/``.up``), its queue, where each stream
+falls in the trace, and the bulk download that shares the bottleneck with the token stream (cross traffic).
+
+The bulk flow is the simulator's own CUBIC TCP (``sim.tcp``, SACK, RTO) with an endless backlog: it grows its window
+until the bottleneck queue overflows, backs off, grows again, so the token stream meets queueing delay and the
+queue's drops the way a chat app beside a download does. Its packets join the scheme's own paths through
+``Link.through`` (the same queue and delay, none of the scheme's random draws).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from eloquent_plugins.sim.clock import EventLoop
+from eloquent_plugins.sim.link import TCP_HEADER
+from eloquent_plugins.sim.netem import CapacityLink, CapacityTrace, Link, PathConfig
+from eloquent_plugins.sim.tcp import Ack, Segment, TcpConfig, TcpSender
+from eloquent_plugins.sim.tcp_receiver import TcpReceiver
+
+WARMUP = 2.0
+"""Seconds the bulk flow runs before the first token (past its slow start), in the simulator and end to end."""
+DEFAULT_QUEUE_PACKETS = 100
+"""A cellular base station's per-user buffer is deep: 100 packets (150 KB) is a common emulation choice."""
+
+
+def stream_span(tokens: int, tpot: float, ttft: float = 0.2) -> float:
+    """How far apart in the trace consecutive streams start: the stream's length and room for its stalls. The
+    end-to-end bench starts request i at ``WARMUP + i * span`` after the relay, so both sample the same part."""
+    return round(ttft + tokens * tpot * 1.5 + 2.0, 3)
+
+
+@dataclass(frozen=True, slots=True)
+class RealLink:
+    """A trace pair and its queues: what ``--links traces`` runs each scheme over."""
+
+    name: str
+    down: CapacityTrace
+    up: CapacityTrace
+    queue_packets: int = DEFAULT_QUEUE_PACKETS
+    codel: bool = False
+
+    def paths(self, base: PathConfig, offset: float) -> tuple[PathConfig, PathConfig]:
+        """Forward (server -> client: ``.down``) and reverse (``.up``) configs from ``offset`` s into the trace."""
+        def one(trace: CapacityTrace) -> PathConfig:
+            return replace(base, capacity=CapacityLink(trace, queue_packets=self.queue_packets, codel=self.codel,
+                                                       offset=offset % trace.period))
+        return one(self.down), one(self.up)
+
+
+def stream_offset(stream_index: int, span: float) -> float:
+    """Where stream ``stream_index`` (counted over seeds: (seed - 1) * streams + stream) starts in the trace."""
+    return stream_index * span
+
+
+@dataclass(slots=True)
+class BulkStats:
+    segments: int = 0
+    lost: int = 0
+    """Segments (first sends and retransmissions) the bottleneck dropped."""
+    acks_lost: int = 0
+    delivered_bytes: int = 0
+    """Payload delivered in order inside the measuring window."""
+
+
+class BulkFlow:
+    """A bulk TCP download from ``start`` to ``stop`` over ``forward``/``reverse``; ``stats`` counts what the
+    receiver got in order between ``window`` bounds (the token stream's span)."""
+
+    def __init__(self, loop: EventLoop, forward: Link, reverse: Link, *, start: float, stop: float,
+                 window: tuple[float, float], rtt: float) -> None:
+        self.loop = loop
+        self.forward = forward
+        self.reverse = reverse
+        self.stop = stop
+        self.window = window
+        self.stats = BulkStats()
+        self.config = TcpConfig()
+        self.sender = TcpSender(loop, self.config, rtt, self._send_segment)
+        self.receiver = TcpReceiver(loop, self.config, self._send_ack, self._render)
+        self._written = 0
+        self._delivered = 0
+        loop.at(start, self._top_up)
+
+    def _top_up(self) -> None:
+        if self.loop.now >= self.stop:
+            return
+        backlog = int(self.sender.cwnd) * 2 + 64  # always more than the window can take
+        while self._written - self._delivered < backlog:
+            self.sender.write(self._written, self.config.mss)
+            self._written += 1
+
+    def _send_segment(self, segment: Segment) -> None:
+        self.stats.segments += 1
+        arrival = self.forward.through(self.loop.now, TCP_HEADER + segment.size)
+        if arrival is None:
+            self.stats.lost += 1
+        else:
+            self.loop.at(arrival, self.receiver.on_segment, segment)
+
+    def _send_ack(self, ack: Ack) -> None:
+        arrival = self.reverse.through(self.loop.now, TCP_HEADER + ack.option_bytes)
+        if arrival is None:
+            self.stats.acks_lost += 1
+        else:
+            self.loop.at(arrival, self.sender.on_ack, ack)
+
+    def _render(self, token: int, now: float) -> None:
+        self._delivered += 1
+        if self.window[0] <= now < self.window[1]:
+            self.stats.delivered_bytes += self.config.mss
+        if self._written - self._delivered < int(self.sender.cwnd) + 32:
+            self._top_up()
+
+    @property
+    def loss(self) -> float:
+        return self.stats.lost / self.stats.segments if self.stats.segments else 0.0
+
+    def throughput(self) -> float:
+        """Bits per second delivered in the window."""
+        span = self.window[1] - self.window[0]
+        return self.stats.delivered_bytes * 8 / span if span > 0 else 0.0
+
+
+def load_real_link(name: str, queue_packets: int = DEFAULT_QUEUE_PACKETS, codel: bool = False) -> RealLink:
+    """The ``.down``/``.up`` pair of a named trace (``netem.capacity.traces_dir``) or of a path prefix."""
+    from eloquent_plugins.sim.netem import load_mahimahi, trace_paths
+
+    down, up = trace_paths(name)
+    return RealLink(name, load_mahimahi(down), load_mahimahi(up), queue_packets, codel)

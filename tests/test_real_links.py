@@ -1,0 +1,190 @@
+"""Real links (issue 30): the trace-driven bottleneck both the simulator and the relay use, the simulator's bulk
+cross flow, and the two benches over cellular traces."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+
+import pytest
+
+from eloquent_plugins.cli.main import main
+from eloquent_plugins.sim.netem import (CapacityLink, CapacityTraceError, PathConfig, PathModel, TraceQueue,
+                                        parse_mahimahi)
+from eloquent_plugins.sim.udp_relay import RelayConfig, start_relay
+
+MTU = 1500
+
+
+def _queue(text: str, **kw: object) -> TraceQueue:
+    return TraceQueue(CapacityLink(parse_mahimahi(text, "t"), **kw))  # type: ignore[arg-type]
+
+
+def test_a_fixed_rate_trace_gives_its_rate() -> None:
+    q = _queue("1\n")  # one 1500-byte opportunity per millisecond: 12 Mbit/s
+    departures = [q.offer(0.0, MTU) for _ in range(1000)]
+    assert departures == pytest.approx([(i + 1) / 1000 for i in range(1000)])
+    rate = 1000 * MTU * 8 / departures[-1]
+    assert rate == pytest.approx(12e6)
+    # Small packets share an opportunity; a large one spans two.
+    q = _queue("1\n")
+    assert [q.offer(0.0, 500) for _ in range(3)] == pytest.approx([0.001] * 3)
+    assert q.offer(0.0, 2000) == pytest.approx(0.003)
+    # An opportunity that finds the queue empty is lost: a packet offered later takes the next one.
+    q = _queue("1\n")
+    assert q.offer(0.0105, MTU) == pytest.approx(0.011)
+
+
+def test_a_two_second_gap_delays_everything_queued_by_the_gap() -> None:
+    before = list(range(0, 100))  # one per ms for 100 ms ...
+    after = list(range(2100, 3000))  # ... then nothing for 2 s, then one per ms again
+    gapped = _queue("\n".join(map(str, before + after)))
+    plain = _queue("\n".join(map(str, range(0, 1000))) + "\n1000")
+    for i in range(300):  # 300 packets at once: 100 leave before the gap, 200 after it
+        a, b = gapped.offer(0.0, MTU), plain.offer(0.0, MTU)
+        assert a is not None and b is not None
+        if i < 100:
+            assert a == pytest.approx(b)
+        else:
+            assert a - b == pytest.approx(2.0)
+
+
+def test_the_trace_repeats_at_its_end() -> None:
+    trace = parse_mahimahi("0\n5\n10", "t")
+    assert trace.period == pytest.approx(0.010)
+    q = TraceQueue(CapacityLink(trace))
+    assert q.offer(1.0001, MTU) == pytest.approx(1.005)  # 100 periods on: the trace's 5 ms opportunity
+    assert trace.mean_rate == pytest.approx(3 * MTU * 8 / 0.010)
+
+
+def test_drops_only_when_the_queue_is_full() -> None:
+    q = _queue("1\n", queue_packets=10)
+    fates = [q.offer(0.0, MTU) for _ in range(20)]
+    assert [f is not None for f in fates] == [True] * 10 + [False] * 10
+    assert q.stats.tail_drops == 10
+    assert q.offer(0.0015, MTU) is not None  # one left at 1 ms: room for one more
+    assert q.offer(0.0015, MTU) is None
+    # Offered below capacity (one packet per 2 ms into one opportunity per ms): never a drop.
+    q = _queue("1\n", queue_packets=2)
+    assert all(q.offer(i * 0.002, MTU) is not None for i in range(2000)) and q.drops == 0
+    # A byte limit counts bytes: four 400-byte packets fit under 1600, the fifth does not.
+    q = _queue("1000\n", queue_bytes=1600)
+    assert [q.offer(0.0, 400) is not None for _ in range(5)] == [True] * 4 + [False]
+
+
+def test_codel_drops_a_standing_queue_that_drop_tail_keeps() -> None:
+    plain, codel = _queue("2\n", queue_packets=2000), _queue("2\n", queue_packets=2000, codel=True)
+    for i in range(3000):  # twice the capacity for 3 s: a standing queue
+        plain.offer(i * 0.001, MTU)
+        codel.offer(i * 0.001, MTU)
+    assert plain.drops == 0 and codel.stats.codel_drops > 0
+
+
+@pytest.mark.parametrize("text, fragment", [("", "no delivery"), ("1\nx", "t:2: expected a time"),
+                                            ("5\n3", "t:2: times must not decrease"), ("0\n0", "last time")])
+def test_bad_capacity_traces_are_typed_and_located(text: str, fragment: str) -> None:
+    with pytest.raises(CapacityTraceError, match=fragment):
+        parse_mahimahi(text, "t")
+
+
+def test_the_path_counts_queue_drops_apart_from_loss() -> None:
+    link = CapacityLink(parse_mahimahi("10\n", "t"), queue_packets=3)
+    model = PathModel(PathConfig(delay=0.02, capacity=link), seed=1)
+    arrivals = [model.transmit(0.0, MTU) for _ in range(5)]
+    assert arrivals[:3] == pytest.approx([0.03, 0.04, 0.05]) and arrivals[3:] == [None, None]
+    assert model.stats.queue_drops == 2 and model.stats.lost == 0
+
+
+class _Sink(asyncio.DatagramProtocol):
+    def __init__(self) -> None:
+        self.got: dict[int, float] = {}
+
+    def datagram_received(self, data: bytes, addr: object) -> None:
+        self.got[int(data[:8].decode())] = time.monotonic()
+
+
+async def test_the_relay_and_the_simulator_agree_on_a_trace() -> None:
+    """The same packets into the relay and into the simulator's path model (same config, same seed): the same
+    packets dropped, and the relay's releases within 50 ms (median) of the model's times, the stated tolerance
+    (the relay's timers run on a real, shared clock)."""
+    loop = asyncio.get_running_loop()
+    link = CapacityLink(parse_mahimahi("0\n4\n8\n12\n16\n20", "t"), queue_packets=40)  # 6 per 20 ms (0 and 20 both): 3.6 Mbit/s
+    path = PathConfig(delay=0.01, capacity=link)
+    server_t, server = await loop.create_datagram_endpoint(_Sink, local_addr=("127.0.0.1", 0))
+    relay = await start_relay(RelayConfig(target=server_t.get_extra_info("sockname"), upstream=path, seed=7,
+                                          record=True))
+    client_t, _ = await loop.create_datagram_endpoint(asyncio.DatagramProtocol, remote_addr=relay.listen_addr)
+    try:
+        for i in range(240):  # bursts of 60 every 100 ms: twice the capacity, the queue overflows
+            client_t.sendto(b"%08d" % i + bytes(1000))
+            if i % 60 == 59:
+                await asyncio.sleep(0.1)
+        records = relay.record_of(0, "up")
+        deadline = loop.time() + 30
+        while (len(records) < 240 or len(server.got) < sum(1 for r in records if not r.dropped)) \
+                and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        assert len(records) == 240
+        model = PathModel(path, seed=7)
+        expected = [model.transmit(r.received, r.size) for r in records]
+        assert [e is None for e in expected] == [r.dropped for r in records]
+        assert any(r.dropped for r in records) and not all(r.dropped for r in records)
+        errors = [abs(server.got[i] - relay.origin - e) for i, e in enumerate(expected) if e is not None]
+        assert len(errors) == sum(1 for e in expected if e is not None)
+        assert statistics.median(errors) < 0.05
+    finally:
+        client_t.close()
+        await relay.close()
+        server_t.close()
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Two small synthetic trace pairs (the real ones are read from shared/, not part of the repository)."""
+    folder = tmp_path_factory.mktemp("traces")
+    steady = "\n".join(str(i) for i in range(0, 1000, 2))  # 6 Mbit/s
+    outage = "\n".join(str(i) for i in [*range(0, 600, 2), *range(2600, 3000, 2)])  # a 2 s outage
+    for name, text in (("Steady", steady), ("Outage", outage)):
+        (folder / f"{name}.down").write_text(text + "\n")
+        (folder / f"{name}.up").write_text(steady + "\n")
+    return str(folder)
+
+
+def test_bench_sim_links_runs_every_scheme_with_cross_traffic(traces: str, tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("ELOQUENT_TRACES_DIR", traces)
+    out = tmp_path / "links.json"
+    assert main(["bench", "sim", "--links", "traces", "--trace", "Steady", "--trace", "Outage", "--seeds", "1",
+                 "--streams", "1", "--tokens", "40", "--jobs", "1", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    rows = {r["label"]: r["schemes"] for r in doc["rows"]}
+    assert set(rows) == {"link=Steady,cross=0", "link=Steady,cross=1", "link=Outage,cross=0",
+                         "link=Outage,cross=1"}
+    for label, schemes in rows.items():
+        assert set(schemes) == {"eloquent", "eloquent-adaptive", "retransmission", "duplication"}
+        for figures in schemes.values():
+            assert 0.0 <= figures["stall"] <= figures["stall_raw"] + 1e-9 <= 1.0 + 1e-9
+            assert (figures["cross_bps"] is not None) == label.endswith("cross=1")
+            if label.endswith("cross=1"):
+                assert 0 <= figures["cross_bps"] <= 6e6 * 1.01  # never more than the link carries
+                assert figures["cross_bps"] > 0 or label.startswith("link=Outage")  # its window is the outage
+    # The outage costs the raw stall (the link's own), not the stall above the link's floor, for Eloquent.
+    assert rows["link=Outage,cross=0"]["eloquent"]["stall_raw"] > rows["link=Steady,cross=0"]["eloquent"]["stall_raw"]
+    assert "link=Outage,cross=1" in capsys.readouterr().out
+
+
+def test_bench_sim_links_names_a_missing_trace(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("ELOQUENT_TRACES_DIR", str(tmp_path))
+    assert main(["bench", "sim", "--links", "traces", "--trace", "Nowhere", "--seeds", "1"]) != 0
+    assert "Nowhere.down" in capsys.readouterr().err
+
+
+def test_bench_e2e_trace_with_a_bulk_download(traces: str, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("ELOQUENT_TRACES_DIR", traces)
+    assert main(["bench", "e2e", "--trace", "Steady", "--cross", "--requests", "1", "--tokens", "20",
+                 "--no-cross-baseline", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "text identical: True, all completed: True" in out
+    row = next(line for line in out.splitlines() if line.startswith("link=Steady,cross=1"))
+    assert float(row.split()[-3]) > 0  # the bulk download's Mbit/s
