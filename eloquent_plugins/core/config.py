@@ -60,6 +60,10 @@ class StreamConfig:
     to autotuning, the kernel takes megabytes for a client that does not read, so no send ever stalls and neither
     ``send_timeout`` nor ``max_queued_bytes`` sees it (0: the kernel's default)."""
     max_request_bytes: int = 1 << 20
+    migrate: bool = True
+    """A resume that finds the stream's producer gone (its replica killed or drained, its upstream dead) continues
+    the generation on this replica's engine and splices it into the same stream (``core.continuation``); off: the
+    stream ends uncompleted, as without migration."""
     limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:

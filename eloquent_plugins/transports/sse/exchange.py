@@ -14,6 +14,7 @@ import time
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from eloquent_plugins.core.continuation import MAX_RECORD_BYTES
 from eloquent_plugins.core.hooks.manager import StreamHooks
 from eloquent_plugins.core.hooks.specs import StreamInfo
 from eloquent_plugins.transports.asgi import HOOKS_EXTENSION, Message, Receive, Scope, Send
@@ -68,6 +69,8 @@ class Exchange:
         self.scope = scope
         self.send = send
         self.relay = ReceiveRelay(receive)
+        if mw.config.migrate and getattr(mw.store, "records_requests", False) and scope.get("method") == "POST":
+            self.relay.record(MAX_RECORD_BYTES)  # what another replica needs to continue the stream
         self.mode = Mode.UNDECIDED
         self.started = time.monotonic()
         self.log: StreamLog | None = None
@@ -180,8 +183,12 @@ class Exchange:
             headers = stream_headers(message.get("headers", ()), token=token)
             meta = StreamMeta(stream_id, identity_hash(scope, mw.identity), 200, tuple(headers), path, codec.name,
                               time.time())
+            recorded = self.relay.recorded
             try:
-                await store.create(token, meta, stream_log)
+                if recorded is not None:
+                    await store.create(token, meta, stream_log, request=bytes(recorded))  # type: ignore[call-arg]
+                else:
+                    await store.create(token, meta, stream_log)
             except Exception as exc:  # one line, not a traceback per request (the store was checked at start)
                 log.warning("stream=%s resume store unavailable (%s): this stream is not resumable", stream_id,
                             exc.__class__.__name__ + (f": {exc}" if str(exc) else ""))
