@@ -58,7 +58,8 @@ def sub_request(scope: Scope, cont: Continuation) -> Scope:
     body = cont.encoded()
     headers = [(k, v) for k, v in scope.get("headers", ()) if k.lower() not in _DROP_HEADERS]
     headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    out = {k: v for k, v in scope.items() if k not in ("extensions", "state", "app", "router", "endpoint")}
+    # ``app`` and ``state`` stay: a host such as vLLM set them before this middleware and its routes read them.
+    out = {k: v for k, v in scope.items() if k not in ("extensions", "router", "endpoint", "route", "path_params")}
     out.update(method="POST", path=cont.route, raw_path=cont.route.encode(), query_string=b"", headers=headers)
     return out
 
