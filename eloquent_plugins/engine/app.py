@@ -120,8 +120,8 @@ def create_engine_app(config: EngineConfig | None = None, engine: Engine | None 
 
     async def stream_body(req: GenerationRequest, writer: ChunkWriter) -> AsyncIterator[bytes]:
         gen = engine.generate(
-            req.prompt, max_tokens=req.max_tokens, seed=req.seed, controls=req.controls, stop=req.stop
-        )
+            req.prompt, max_tokens=req.max_tokens, seed=req.seed, controls=req.controls, stop=req.stop,
+            prefix=req.prefix)
         async with contextlib.aclosing(gen):
             first = req.chat
             finish, count = "length", 0
@@ -142,13 +142,15 @@ def create_engine_app(config: EngineConfig | None = None, engine: Engine | None 
                 return
         yield writer.finish(finish)
         if req.include_usage:
-            yield writer.usage(req.prompt_tokens, count)
+            # A continuation's prompt holds the answer's first tokens, as a real engine counts them.
+            skip = engine.continued(req.prompt, req.prefix, req.seed)[1] if req.prefix else 0
+            yield writer.usage(req.prompt_tokens + skip, count)
         yield DONE
 
     async def collect(req: GenerationRequest) -> tuple[str, str, int]:
         gen = engine.generate(
-            req.prompt, max_tokens=req.max_tokens, seed=req.seed, controls=req.controls, stop=req.stop
-        )
+            req.prompt, max_tokens=req.max_tokens, seed=req.seed, controls=req.controls, stop=req.stop,
+            prefix=req.prefix)
         parts: list[str] = []
         finish, count = "length", 0
         async with contextlib.aclosing(gen):

@@ -61,21 +61,37 @@ class Engine:
         """The tokens ``generate`` would yield without stop strings, computed instantly (for tests/benchmarks)."""
         return list(self._plan(prompt, max_tokens, seed))
 
-    def _plan(self, prompt: str, max_tokens: int, seed: int | None) -> Iterator[Token]:
+    def _plan(self, prompt: str, max_tokens: int, seed: int | None, skip: int = 0) -> Iterator[Token]:
         """The tokens of a generation, made one at a time: a server holding thousands of streams keeps one
-        ``Token`` per stream alive instead of whole plans (fewer objects for every garbage collection to scan)."""
+        ``Token`` per stream alive instead of whole plans (fewer objects for every garbage collection to scan).
+        ``skip``: the answer's first tokens are already out (a continuation); indices count from the next."""
         c = self.corpus
         size = len(c)
         start = c.sentence_starts[stable_hash(prompt, seed) % len(c.sentence_starts)]
         texts, ids = c.texts, c.ids
         last = max_tokens - 1
-        for i in range(max_tokens):
-            finish = "length" if i == last else None
+        for n in range(max_tokens):
+            i = n + skip
+            finish = "length" if n == last else None
             if i == 0:
                 yield Token(c.bare_ids[start], c.bare_texts[start], 0, finish)
             else:
                 j = (start + i) % size
-                yield Token(ids[j], texts[j], i, finish)
+                yield Token(ids[j], texts[j], n, finish)
+
+    def continued(self, prompt: str, prefix: str, seed: int | None) -> tuple[str, int]:
+        """Where the answer to ``prompt`` stands after ``prefix``: (the prompt to plan from, tokens to skip).
+        A prefix this engine's own answer starts with continues that answer exactly (what greedy decoding does on
+        a real model); any other prefix is part of the prompt of a new, still deterministic, answer."""
+        if not prefix:
+            return prompt, 0
+        text, count = "", 0
+        for token in self._plan(prompt, len(prefix) + 1, seed):
+            if text == prefix or len(text) >= len(prefix):
+                break
+            text += token.text
+            count += 1
+        return (prompt, count) if text == prefix else (prompt + prefix, 0)
 
     async def generate(
         self,
@@ -85,8 +101,10 @@ class Engine:
         seed: int | None,
         controls: EngineControls | None = None,
         stop: Sequence[str] = (),
+        prefix: str = "",
     ) -> AsyncGenerator[Token, None]:
         """Yield ``max_tokens`` tokens (fewer if a ``stop`` string matches); the last carries finish_reason.
+        ``prefix``: the start of the answer, already emitted; the tokens continue it (``continued``).
 
         Raises ``EngineError`` when ``controls.fail_after`` tokens have been produced.
         """
@@ -100,7 +118,8 @@ class Engine:
         rng = random.Random(stable_hash(prompt, seed)) if jitter > 0 and tpot > 0 else None
         pauses = ctl.pauses
         fail_after = ctl.fail_after
-        plan = self._plan(prompt, max_tokens, seed)
+        prompt, skip = self.continued(prompt, prefix, seed)
+        plan = self._plan(prompt, max_tokens, seed, skip)
         matcher = StopMatcher(stop) if stop else None
         loop = asyncio.get_running_loop()
         sleep = asyncio.sleep

@@ -35,6 +35,9 @@ class GenerationRequest:
     include_usage: bool
     controls: EngineControls
     include_obfuscation: bool = False
+    prefix: str = ""
+    """With ``continue_final_message`` (vLLM's extension): the final assistant message, whose answer the engine
+    continues (``Engine.generate``'s ``prefix``) instead of starting a new one."""
 
 
 def parse_request(body: Any, *, chat: bool, config: EngineConfig) -> GenerationRequest:
@@ -51,7 +54,9 @@ def parse_request(body: Any, *, chat: bool, config: EngineConfig) -> GenerationR
             param="model",
             code="model_not_found",
         )
-    prompt = _chat_prompt(body) if chat else _completion_prompt(body)
+    prefix = _continued(body) if chat else ""
+    prompt = _chat_prompt(body, drop_last=bool(prefix) or _optional_bool(body, "continue_final_message", False)) \
+        if chat else _completion_prompt(body)
     stream = _optional_bool(body, "stream", False)
     include_usage = _stream_options(body, stream)
     n = body.get("n")
@@ -73,15 +78,30 @@ def parse_request(body: Any, *, chat: bool, config: EngineConfig) -> GenerationR
         include_usage=include_usage,
         include_obfuscation=_obfuscation(body),
         controls=EngineControls.from_json(body.get("eloquent_engine")),
+        prefix=prefix,
     )
 
 
-def _chat_prompt(body: dict[str, Any]) -> str:
+def _continued(body: dict[str, Any]) -> str:
+    """The assistant prefix to continue (``continue_final_message: true``), or "" (a new answer)."""
+    if not _optional_bool(body, "continue_final_message", False):
+        return ""
+    if _optional_bool(body, "add_generation_prompt", True):
+        raise invalid("'continue_final_message' needs 'add_generation_prompt': false", "add_generation_prompt")
+    messages = body.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if not isinstance(last, dict) or last.get("role") != "assistant" or not isinstance(last.get("content"), str):
+        raise invalid("'continue_final_message' needs a final assistant message with string content", "messages")
+    return last["content"]
+
+
+def _chat_prompt(body: dict[str, Any], *, drop_last: bool = False) -> str:
+    """The prompt the answer depends on; ``drop_last``: without the final (continued) assistant message."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("'messages' must be a non-empty array", "messages")
     parts: list[str] = []
-    for i, msg in enumerate(messages):
+    for i, msg in enumerate(messages[:-1] if drop_last and len(messages) > 1 else messages):
         where = f"messages[{i}]"
         if not isinstance(msg, dict):
             raise invalid(f"'{where}' must be an object", where)

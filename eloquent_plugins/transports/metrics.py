@@ -132,6 +132,10 @@ class StreamMetrics:
         self.writes = 0
         self.keepalives = 0
         self.resumes: dict[str, int] = {}
+        self.migrations: dict[str, int] = {}
+        """Streams whose producer was gone, by what happened here: ``migrated`` (continued on this replica),
+        ``failover`` (continued on the gateway's next upstream), ``refused`` (could not be continued: ended
+        uncompleted), ``elsewhere`` (another replica took it over)."""
         self.aborts = 0
         self.errors = 0
         self.send_timeouts = 0
@@ -173,6 +177,9 @@ class StreamMetrics:
 
     def resume(self, outcome: str) -> None:
         self.resumes[outcome] = self.resumes.get(outcome, 0) + 1
+
+    def migration(self, outcome: str) -> None:
+        self.migrations[outcome] = self.migrations.get(outcome, 0) + 1
 
     def ended(self, reason: str) -> None:
         self.streams_ended[reason] = self.streams_ended.get(reason, 0) + 1
@@ -241,6 +248,11 @@ class StreamMetrics:
         for outcome, count in sorted(self.resumes.items()):
             resumes.add_metric([outcome], count)
         yield resumes
+        migrations = CounterMetricFamily(f"{p}_migrations", "Streams whose producer was gone, by outcome "
+                                         "(migrated, failover, refused, elsewhere).", labels=["outcome"])
+        for outcome, count in sorted(self.migrations.items()):
+            migrations.add_metric([outcome], count)
+        yield migrations
         yield GaugeMetricFamily(f"{p}_active_streams", "Streams whose engine request is running here.",
                                 value=self.active_streams)
         yield GaugeMetricFamily(f"{p}_active_connections", "Client connections being served.",

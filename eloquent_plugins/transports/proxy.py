@@ -30,6 +30,7 @@ from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.sse_reader import SSEParser
 from eloquent_plugins.core.sse_writer import format_event
 from eloquent_plugins.transports.asgi import Receive, Scope, Send
+from eloquent_plugins.transports.failover import UpstreamSet, failover_relay
 
 __all__ = ["HOP_BY_HOP", "KEEPALIVE", "Chooser", "Dialect", "DisconnectAwareStream", "ErrorResponse",
            "UpstreamRelay", "create_gateway_app", "dump_json", "end_to_end_headers", "error_text", "json_object",
@@ -152,6 +153,11 @@ class UpstreamRelay:
     stream_idle_timeout: float | None = None
     transport: httpx.AsyncBaseTransport | None = None
     stream_headers: Mapping[str, str] = field(default_factory=dict)
+    upstreams: UpstreamSet | None = None
+    """All the upstreams (``base_url`` is the first): with more than one, streams fail over (``failover``)."""
+    migrate: bool = True
+    """A stream whose upstream dies continues on the next one; and vLLM upstreams are asked for token ids, so
+    that another replica or upstream continues the answer exactly (``core.continuation``)."""
     _client: httpx.AsyncClient | None = field(default=None, repr=False)
     _base: httpx.URL | None = field(default=None, repr=False)
 
@@ -190,6 +196,24 @@ class UpstreamRelay:
         if self._base is None:
             self._base = httpx.URL(self.base_url)
         return self._base.copy_with(raw_path=self._base.raw_path.rstrip(b"/") + request_target(scope).encode())
+
+    def forward_headers(self, request: Request) -> list[tuple[str, str]]:
+        """What a stream request carries upstream: the client's end-to-end headers, no compression."""
+        return [*end_to_end_headers(request.headers), ("accept-encoding", "identity")]
+
+    def target_of(self, request: Request) -> str:
+        return request_target(request.scope)
+
+    def build(self, base: str, target: str, headers: list[tuple[str, str]], body: bytes, *,
+              stream: bool) -> httpx.Request:
+        """A request to the upstream ``base`` for ``target`` (a path as sent, never re-parsed)."""
+        url = httpx.URL(base)
+        url = url.copy_with(raw_path=url.raw_path.rstrip(b"/") + target.encode())
+        timeout = self.timeout
+        if stream and self.stream_idle_timeout is not None:
+            timeout = httpx.Timeout(connect=timeout.connect, read=self.stream_idle_timeout, write=timeout.write,
+                                    pool=timeout.pool)
+        return self.client.build_request("POST", url, headers=headers, content=body, timeout=timeout)
 
     def upstream_request(self, request: Request, body: bytes, *, accept_encoding: str | None,
                          stream: bool = False) -> httpx.Request:
@@ -230,10 +254,18 @@ class UpstreamRelay:
         dialect = choose(obj) if obj is not None else None
         if dialect is None:
             return await self.proxy(request, body)
+        if (obj is not None and self.migrate and self.upstreams is not None and "return_token_ids" not in obj
+                and getattr(dialect, "codec", None) == "openai"
+                and await self.upstreams.is_vllm(self.client, self.upstreams.order()[0])):
+            # vLLM then sends the prompt's and each chunk's token ids, which a continuation needs to be exact.
+            body = dump_json({**obj, "return_token_ids": True})
         return self.stream(request, body, dialect)
 
     def stream(self, request: Request, body: bytes, dialect: Dialect) -> Response:
         """``200 text/event-stream`` now; the upstream's events follow as they come."""
+        if self.upstreams is not None and len(self.upstreams.urls) > 1:
+            return DisconnectAwareStream(failover_relay(self, request, body, dialect),
+                                         headers=dict(self.stream_headers))
         upstream = self.upstream_request(request, body, accept_encoding=None, stream=True)
         return DisconnectAwareStream(self.relay(upstream, dialect), headers=dict(self.stream_headers))
 

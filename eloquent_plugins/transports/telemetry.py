@@ -76,6 +76,14 @@ class StreamSpan:
         self.span = None
 
 
+def migration_event(span: Any, *, at: int, outcome: str, engine: str, reason: str = "") -> None:
+    """A stream continued elsewhere (``transports.sse.migrate``, the gateway's failover): an event on its span
+    (``StreamSpan.span`` or a resume span; None when tracing is off)."""
+    if span is not None:
+        span.add_event("migration", {"eloquent.migration_at": at, "eloquent.migration_outcome": outcome,
+                                     "eloquent.migration_engine": engine, "eloquent.migration_reason": reason})
+
+
 def resume_span(tracer_: Any, *, stream_id: str, after: int, transport: str) -> Any:
     """A resume on a replica that has no span of the stream: its own short span (None when tracing is off)."""
     if tracer_ is None:

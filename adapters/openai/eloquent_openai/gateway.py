@@ -31,6 +31,7 @@ from starlette.responses import JSONResponse, Response
 from eloquent_plugins.core.codecs.openai import OpenAICodec
 from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
+from eloquent_plugins.transports.failover import UpstreamSet, split_urls
 from eloquent_plugins.transports.proxy import (
     UpstreamRelay,
     create_gateway_app,
@@ -91,6 +92,8 @@ class _OpenAIStream:
     expected: int = 1
     done: bool = False
     finished: set[int] = field(default_factory=set)
+    codec = "openai"
+    """The format a continuation of this stream is planned in (``core.continuation``)."""
 
     def observe(self, payload: bytes) -> None:
         if self.done:
@@ -140,22 +143,29 @@ def _error_response(message: str, error_type: str, status: int) -> Response:
 def create_openai_gateway(upstream_url: str, config: StreamConfig | None = None, *,
                           timeout: httpx.Timeout | None = None, stream_idle_timeout: float | None = None,
                           transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
-    """The gateway app for the OpenAI-compatible server whose root is ``upstream_url`` (``http://host:port``).
+    """The gateway app for the OpenAI-compatible server whose root is ``upstream_url`` (``http://host:port``;
+    several, comma-separated, make a failover list: ``transports.failover``).
 
     ``timeout`` is for the upstream: by default connecting may take 10 s and reading has no limit (a request may
     queue and generate for minutes). ``stream_idle_timeout`` ends a stream whose upstream stays silent that long
     with an error event; None (the default) waits forever, because these servers send nothing while a request
     is queued -- a client that leaves still ends it. ``transport`` lets tests and embedders route the traffic.
     """
-    base_url = upstream_base_url(upstream_url, OpenAIGatewayError, "OpenAI")
-    if base_url.endswith("/v1"):
-        raise OpenAIGatewayError(f"give the server's root URL, without /v1 (the gateway serves the same paths as "
-                                 f"the server): {upstream_url!r}")
+    urls = [upstream_base_url(url, OpenAIGatewayError, "OpenAI") for url in split_urls(upstream_url)]
+    if not urls:
+        raise OpenAIGatewayError(f"no upstream URL in {upstream_url!r}")
+    for url in urls:
+        if url.endswith("/v1"):
+            raise OpenAIGatewayError(f"give the server's root URL, without /v1 (the gateway serves the same paths "
+                                     f"as the server): {url!r}")
+    base_url = urls[0]
+    config = config or StreamConfig()
     if stream_idle_timeout is not None and stream_idle_timeout <= 0:
         raise OpenAIGatewayError(f"stream_idle_timeout must be > 0 seconds or None, got {stream_idle_timeout}")
-    relay = UpstreamRelay(base_url, "OpenAI", _error_response, (config or StreamConfig()).max_request_bytes,
+    relay = UpstreamRelay(base_url, "OpenAI", _error_response, config.max_request_bytes,
                           timeout or httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None),
-                          stream_idle_timeout, transport, SSE_HEADERS)
+                          stream_idle_timeout, transport, SSE_HEADERS, UpstreamSet(tuple(urls)), config.migrate)
     app = create_gateway_app(relay, [(path, _stream) for path in STREAM_ROUTES])
     app.state.openai_upstream = relay.base_url
+    app.state.upstreams = relay.upstreams
     return app

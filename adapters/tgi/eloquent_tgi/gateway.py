@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response
 
 from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
+from eloquent_plugins.transports.failover import UpstreamSet, split_urls
 from eloquent_plugins.transports.proxy import (
     UpstreamRelay,
     create_gateway_app,
@@ -56,6 +57,8 @@ class _GenerateDialect:
     """``/generate_stream`` and ``/``: the stream is complete once an event carries ``generated_text``."""
 
     last: bytes = b""
+    codec = "tgi"
+    """The format a continuation is planned in (``core.continuation``: ``inputs`` + the text so far)."""
 
     def observe(self, payload: bytes) -> None:
         self.last = payload
@@ -85,6 +88,7 @@ class _OpenAIDialect:
     """``/v1/chat/completions`` and ``/v1/completions``: the stream is complete at ``[DONE]``."""
 
     done: bool = False
+    codec = "openai"
 
     def observe(self, payload: bytes) -> None:
         if payload.strip() == DONE:
@@ -123,19 +127,24 @@ def _error_response(message: str, error_type: str, status: int) -> Response:
 def create_tgi_gateway(upstream_url: str, config: StreamConfig | None = None, *,
                        timeout: httpx.Timeout | None = None, stream_idle_timeout: float | None = 60.0,
                        transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
-    """The TGI-compatible gateway app for the TGI server at ``upstream_url`` (``http://host:port``).
+    """The TGI-compatible gateway app for the TGI server at ``upstream_url`` (``http://host:port``; several,
+    comma-separated, make a failover list: ``transports.failover``).
 
     ``timeout`` is for the upstream: by default connecting may take 10 s and reading has no limit, because a
     non-streaming TGI request may queue and generate for minutes. A stream that stays silent for
     ``stream_idle_timeout`` seconds (TGI sends a keep-alive every 15 s) is ended with an ``incomplete_generation``
     event; None waits forever. ``transport`` lets tests and embedders route the upstream traffic.
     """
-    base_url = upstream_base_url(upstream_url, TGIGatewayError, "TGI")
+    urls = [upstream_base_url(url, TGIGatewayError, "TGI") for url in split_urls(upstream_url)]
+    if not urls:
+        raise TGIGatewayError(f"no upstream URL in {upstream_url!r}")
+    base_url = urls[0]
+    config = config or StreamConfig()
     if stream_idle_timeout is not None and stream_idle_timeout <= 0:
         raise TGIGatewayError(f"stream_idle_timeout must be > 0 seconds or None, got {stream_idle_timeout}")
-    relay = UpstreamRelay(base_url, "TGI", _error_response, (config or StreamConfig()).max_request_bytes,
+    relay = UpstreamRelay(base_url, "TGI", _error_response, config.max_request_bytes,
                           timeout or httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None),
-                          stream_idle_timeout, transport, SSE_HEADERS)
+                          stream_idle_timeout, transport, SSE_HEADERS, UpstreamSet(tuple(urls)), config.migrate)
     app = create_gateway_app(relay, [
         ("/generate_stream", _generate_stream),
         ("/", _compat),

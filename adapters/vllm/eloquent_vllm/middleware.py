@@ -22,6 +22,7 @@ from eloquent_vllm.http3 import Http3Frontend
 from eloquent_vllm.implementations import sse_middleware_class
 from eloquent_vllm.metrics import register_stream_metrics
 from eloquent_vllm.options import EloquentVllmSettings
+from eloquent_vllm.token_ids import with_token_ids
 
 
 class VllmStreamMiddleware:
@@ -40,6 +41,11 @@ class VllmStreamMiddleware:
         if self._inner is None:  # lifespan off (or a test client): build on first use
             self._setup(scope.get("app"))
         assert self._inner is not None
+        config = self._settings.config if self._settings is not None else None
+        if (scope["type"] == "http" and config is not None and config.migrate and config.resume
+                and not config.resume_store.startswith("memory:")):
+            # Streams another replica may continue: vLLM is asked for token ids (an exact continuation).
+            scope, receive = await with_token_ids(scope, receive, config.max_request_bytes)
         await self._inner(scope, receive, send)
 
     def _setup(self, outer_app: Any) -> EloquentVllmSettings:

@@ -38,6 +38,8 @@ SHARED_FLAGS: tuple[tuple[str, dict[str, object], str], ...] = (
      "Where resumable streams are kept: memory:// (one process, default) or redis://host:port/db (needed with "
      "--api-server-count > 1)."),
     ("--no-resume", {"action": "store_true"}, "Turn off event ids and resume."),
+    ("--migrate", {"choices": ("on", "off")}, "on (default): a resume that finds its stream's producer gone "
+     "continues the generation on this server and splices it into the same stream; off: it ends uncompleted."),
     ("--body-timeout", {"type": float, "metavar": "SECONDS"},
      "Answer 408 when a request body stalls this long; 0 turns it off (default 30)."),
     ("--max-streams-per-client", {"type": int, "metavar": "N"},
@@ -124,6 +126,7 @@ class EloquentVllmSettings:
             send_tick=getattr(ns, "eloquent_send_tick", None),
             drain_timeout=getattr(ns, "eloquent_drain_timeout", None),
             resume=False if getattr(ns, "eloquent_no_resume", None) or _truthy(env.get("ELOQUENT_NO_RESUME")) else None,
+            migrate=None if getattr(ns, "eloquent_migrate", None) is None else ns.eloquent_migrate == "on",
         )
         if config.certfile is None and config.keyfile is None and getattr(ns, "ssl_certfile", None):
             config = config.replace(certfile=ns.ssl_certfile, keyfile=getattr(ns, "ssl_keyfile", None))

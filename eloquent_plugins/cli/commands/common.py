@@ -53,6 +53,10 @@ def add_server_settings(parser: argparse.ArgumentParser) -> None:
     add_setting(parser, "--resume-store", default=_D.resume_store, metavar="URL",
                 help="memory:// or redis://host:port/db to share resumable streams across replicas")
     add_setting(parser, "--no-resume", action="store_true", default=False, help="turn off event ids and resume")
+    add_setting(parser, "--migrate", choices=("on", "off"), default="on" if _D.migrate else "off",
+                help="a resume that finds its stream's producer gone (replica killed or drained, upstream dead) "
+                "continues the generation here and splices it into the same stream; off: the stream ends "
+                "uncompleted")
     add_setting(parser, "--body-timeout", type=numbers.seconds, default=_D.body_timeout, metavar="SECONDS",
                 help="answer 408 and stop the request when its body stalls this long, HTTP/1.1 and HTTP/3; "
                 "0 turns it off")
@@ -94,6 +98,8 @@ def stream_config(args: argparse.Namespace, **overrides: object) -> StreamConfig
         values["stream_transport"] = "sse" if transport == "none" else transport
     if getattr(args, "no_resume", False):
         values["resume"] = False
+    if getattr(args, "migrate", None) is not None:
+        values["migrate"] = args.migrate == "on"
     values.update(overrides)
     try:
         return StreamConfig.from_env(**values)

@@ -76,8 +76,9 @@ class ResumeStore(ABC):
     scheme: str = ""
 
     @abstractmethod
-    async def create(self, token: str, meta: StreamMeta, log: StreamLog) -> None:
-        """Publish a live stream produced in this process."""
+    async def create(self, token: str, meta: StreamMeta, log: StreamLog, request: bytes | None = None) -> None:
+        """Publish a live stream produced in this process; ``request``: its request body, for a store that lets
+        another replica continue it (``records_requests``), else ignored."""
 
     @abstractmethod
     async def finish(self, token: str) -> None:

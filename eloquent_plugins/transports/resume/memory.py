@@ -62,7 +62,7 @@ class MemoryStore(ResumeStore):
     def new_log(self) -> StreamLog:
         return StreamLog(max_events=self.limits.max_stream_events, max_bytes=self.limits.max_stream_bytes)
 
-    async def create(self, token: str, meta: StreamMeta, log: StreamLog) -> None:
+    async def create(self, token: str, meta: StreamMeta, log: StreamLog, request: bytes | None = None) -> None:
         self._evict()
         self._streams[token] = _Entry(meta, log)
 

@@ -68,8 +68,9 @@ class Mirror:
     def __init__(self, store: RedisStore, token: str, log_: StreamLog) -> None:
         self.store, self.token, self.log = store, token, log_
         self.skey, self.mkey, self.hkey = store.key("s", token), store.key("m", token), store.key("h", token)
+        self.qkey = store.key("q", token)
         self.live_ttl = int(max(store.ttl, LIVE_TTL_MIN)) + 1
-        self.beat_every = HEARTBEAT_TTL / 3
+        self.beat_every = store.heartbeat_ttl / 3
         self.cursor = 0
         """The index of the next event to write to Redis."""
         self.last_refresh = 0.0
@@ -137,12 +138,14 @@ class Mirror:
     def _refresh(self, pipe: Any) -> None:
         pipe.expire(self.skey, self.live_ttl)
         pipe.expire(self.mkey, self.live_ttl)
-        pipe.set(self.hkey, b"1", ex=HEARTBEAT_TTL)
+        pipe.expire(self.qkey, self.live_ttl)
+        pipe.set(self.hkey, b"1", ex=self.store.heartbeat_ttl)
 
     def _final_ttls(self, pipe: Any) -> Any:
         ttl = max(1, int(self.store.ttl))
         pipe.expire(self.skey, ttl)
         pipe.expire(self.mkey, ttl)
+        pipe.delete(self.qkey)  # a finished stream is never continued: its request need not outlive it
         pipe.expire(self.store.key("l", self.token), ttl)
         pipe.delete(self.hkey)
         return pipe

@@ -37,7 +37,7 @@ from eloquent_plugins.transports.resume.redis_mirror import (
 
 log = logging.getLogger("eloquent_plugins.transports.resume")
 
-_OUR_OPTIONS = ("prefix", "max_stream_events")
+_OUR_OPTIONS = ("prefix", "max_stream_events", "heartbeat_ttl")
 SENT_WAIT = 2.0
 """Seconds a resume of a live stream waits for the event it names to reach Redis before calling it never sent."""
 __all__ = ["HEARTBEAT_TTL", "LIVE_TTL_MIN", "RedisSource", "RedisStore"]
@@ -63,6 +63,9 @@ class RedisSource:
         self.end_reason: str | None = None
         self.gone: str | None = None
         """Why this body was cut short (events trimmed while it was read, Redis unreachable), once it was."""
+        self.producer_lost = False
+        """The producer's heartbeat expired with every event it copied read: the stream may be continued here
+        (``transports.sse.migrate``) instead of ending uncompleted."""
         self._read_through = 0
         """Entries with index < this have been fetched."""
         self._failing_since: float | None = None
@@ -130,7 +133,7 @@ class RedisSource:
             return
         redis = self._store.redis
         ttl = await asyncio.wait_for(redis.pttl(self._heartbeat), REPLY_TIMEOUT)
-        deadline = time.monotonic() + HEARTBEAT_TTL + REPLY_TIMEOUT
+        deadline = time.monotonic() + self._store.heartbeat_ttl + REPLY_TIMEOUT
         while ttl >= 0 and time.monotonic() < deadline:  # -1 (no expiry) cannot lapse: taken as alive
             if await self._arrives(index, 1.0):
                 return
@@ -216,9 +219,16 @@ class RedisSource:
         if not producer_alive and self._end is None:
             # The producing replica stopped without writing an end: end this body uncompleted ("disconnected"),
             # so the client sees a cut stream rather than a silent one; a later resume gets the same answer.
-            log.warning("stream %s: producer heartbeat lost; ending the resume uncompleted", self._key)
+            log.warning("stream %s: producer heartbeat lost at event %d", self._key, max(cursor, self._read_through))
             self._end = max(cursor, self._read_through)
             self.end_reason = "disconnected"
+            self.producer_lost = cursor >= self._read_through
+
+    def resume_reading(self) -> None:
+        """Another replica took the stream over (``RedisStore.claim``): read on from where this body stands."""
+        if self.producer_lost:
+            self.producer_lost = False
+            self._end, self.end_reason = None, None
 
     async def _failed(self, exc: Exception, timeout: float) -> None:
         store = self._store
@@ -249,8 +259,11 @@ class RedisStore(ResumeStore):
         self.prefix = ours.get("prefix", "eloquent")
         try:
             self.max_stream_events = int(ours.get("max_stream_events", "100000"))
+            self.heartbeat_ttl = int(ours.get("heartbeat_ttl", str(HEARTBEAT_TTL)))
         except ValueError:
-            raise ConfigError(f"max_stream_events must be an integer in {url!r}") from None
+            raise ConfigError(f"max_stream_events and heartbeat_ttl must be integers in {url!r}") from None
+        if self.heartbeat_ttl < 1:
+            raise ConfigError(f"heartbeat_ttl must be at least 1 second in {url!r}")
         self.ttl = ttl
         self.url = urlunsplit(parts._replace(query=urlencode(rest)))
         # Each remote reader holds one connection while it blocks in XREAD: allow many (redis-py's URL option
@@ -274,17 +287,65 @@ class RedisStore(ResumeStore):
     def new_log(self) -> StreamLog:
         return StreamLog(max_events=self.max_stream_events)
 
-    async def create(self, token: str, meta: StreamMeta, log_: StreamLog) -> None:
+    records_requests = True
+    """``create`` takes the request to record (``transports.sse.migrate``)."""
+
+    async def create(self, token: str, meta: StreamMeta, log_: StreamLog, request: bytes | None = None) -> None:
+        """Publish; ``request``: the request body, kept with the stream so another replica can continue it."""
         live_ttl = int(max(self.ttl, LIVE_TTL_MIN)) + 1
-        await self.redis.set(self.key("m", token), meta.to_json(), ex=live_ttl)
-        await self.redis.set(self.key("h", token), b"1", ex=HEARTBEAT_TTL)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(self.key("m", token), meta.to_json(), ex=live_ttl)
+        pipe.set(self.key("h", token), b"1", ex=self.heartbeat_ttl)
+        if request is not None:
+            pipe.set(self.key("q", token), request, ex=live_ttl)
+        await pipe.execute()
+        self._mirror(token, meta, log_)
+
+    def _mirror(self, token: str, meta: StreamMeta, log_: StreamLog) -> None:
         mirror = Mirror(self, token, log_)
+        mirror.cursor = log_.base  # a continued stream's log starts where the copy in Redis ends
         task = asyncio.get_running_loop().create_task(mirror.run(), name=f"eloquent-mirror-{meta.stream_id}")
         self._tasks.add(task)
         self._mirrors[token] = mirror
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(lambda _: self._mirrors.pop(token, None))
         self._local[token] = (meta, log_, task)
+
+    async def claim(self, token: str, consumer: str, max_migrations: int) -> str:
+        """Take over a stream whose producer is gone: ``won`` for exactly one caller while its heartbeat is down
+        (the heartbeat is up again at once, so readers elsewhere wait for the events this replica will copy
+        instead of ending), ``taken`` for the others, ``exhausted`` past ``max_migrations`` per stream."""
+        redis = self.redis
+        won = await asyncio.wait_for(redis.set(self.key("h", token), consumer.encode(), ex=self.heartbeat_ttl,
+                                               nx=True), REPLY_TIMEOUT)
+        if not won:
+            return "taken"
+        pipe = redis.pipeline(transaction=False)
+        pipe.incr(self.key("c", token))
+        pipe.expire(self.key("c", token), int(max(self.ttl, LIVE_TTL_MIN)) + 1)
+        count, _ = await asyncio.wait_for(pipe.execute(), REPLY_TIMEOUT)
+        if count > max_migrations:
+            await self.release_claim(token, consumer)
+            return "exhausted"
+        return "won"
+
+    async def release_claim(self, token: str, consumer: str) -> None:
+        """Give a claim up (the stream could not be continued): readers elsewhere then end uncompleted too."""
+        key = self.key("h", token)
+        if await self.redis.get(key) == consumer.encode():
+            await self.redis.delete(key)
+
+    async def migration_record(self, token: str) -> tuple[bytes | None, list[tuple[int, bytes]]]:
+        """The recorded request and every event frame Redis holds, by index (for ``core.continuation``)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(self.key("q", token))
+        pipe.xrange(self.key("s", token), min="-", max="+", count=self.max_stream_events + 1)
+        request, entries = await asyncio.wait_for(pipe.execute(), REPLY_TIMEOUT)
+        return request, [(entry_index(i), f[b"f"]) for i, f in entries if b"f" in f]
+
+    async def adopt(self, token: str, meta: StreamMeta, log_: StreamLog) -> None:
+        """Produce a stream whose first ``log_.base`` events are in Redis already (a continuation)."""
+        self._mirror(token, meta, log_)
 
     async def finish(self, token: str) -> None:
         entry = self._local.pop(token, None)

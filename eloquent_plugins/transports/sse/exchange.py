@@ -10,9 +10,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from eloquent_plugins.core.continuation import MAX_RECORD_BYTES
 from eloquent_plugins.core.hooks.manager import StreamHooks
 from eloquent_plugins.core.hooks.specs import StreamInfo
 from eloquent_plugins.core.padding import response_padding
@@ -25,6 +25,7 @@ from eloquent_plugins.transports.sse.connection import MAX_LAG_EVENTS, Connectio
 from eloquent_plugins.transports.sse.headers import is_event_stream, json_error, respond, stream_headers
 from eloquent_plugins.transports.sse.ids import identity_hash, new_stream_id, new_token
 from eloquent_plugins.transports.sse.limits import Slot
+from eloquent_plugins.transports.sse.mode import Mode
 from eloquent_plugins.transports.sse.producer import Producer
 from eloquent_plugins.transports.sse.receive import ReceiveRelay
 from eloquent_plugins.transports.sse.socket_control import socket_control
@@ -43,19 +44,6 @@ STORE_DOUBT = 60.0
 (a reader on another replica holds its lease there); past it, a stream nobody reads here is abandoned."""
 
 
-class Mode(Enum):
-    """What this exchange does with the app's messages; decided once, by the response start."""
-
-    UNDECIDED = "undecided"
-    SSE = "sse"
-    """A stream: the body goes through the producer into the stream log."""
-    PASS = "pass"
-    """Not a stream: every message passes through untouched."""
-    REFUSED = "refused"
-    """Over the per-client stream limit (429) or the memory budget (503): the refusal went out, the app's messages
-    are dropped."""
-
-
 _SSE, _PASS = Mode.SSE, Mode.PASS  # ``app_send`` runs per event: a global read, not an Enum attribute lookup
 
 
@@ -68,8 +56,9 @@ class Exchange:
         self.scope = scope
         self.send = send
         self.relay = ReceiveRelay(receive)
-        if mw.padding is not None:
-            self.relay.body_head = bytearray()
+        self.relay.body_head = bytearray() if mw.padding is not None else None
+        if mw.config.migrate and getattr(mw.store, "records_requests", False) and scope.get("method") == "POST":
+            self.relay.record(MAX_RECORD_BYTES)  # what another replica needs to continue the stream
         self.mode = Mode.UNDECIDED
         self.started = time.monotonic()
         self.log: StreamLog | None = None
@@ -182,8 +171,9 @@ class Exchange:
             headers = stream_headers(message.get("headers", ()), token=token)
             meta = StreamMeta(stream_id, identity_hash(scope, mw.identity), 200, tuple(headers), path, codec.name,
                               time.time())
+            recorded = self.relay.recorded  # what another replica needs to continue the stream
             try:
-                await store.create(token, meta, stream_log)
+                await store.create(token, meta, stream_log, None if recorded is None else bytes(recorded))
             except Exception as exc:  # one line, not a traceback per request (the store was checked at start)
                 log.warning("stream=%s resume store unavailable (%s): this stream is not resumable", stream_id,
                             exc.__class__.__name__ + (f": {exc}" if str(exc) else ""))

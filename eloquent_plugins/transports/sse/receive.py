@@ -58,6 +58,14 @@ class ReceiveRelay:
         self.body_head: bytearray | None = None
         """When set (``--padding`` on), the first ``BODY_HEAD_MAX`` bytes of the request body the app read: the
         exchange looks for ``stream_options.include_obfuscation`` in it (core.padding.obfuscation_requested)."""
+        self.recorded: bytearray | None = None
+        """The request body as the app read it, while ``record(limit)`` is on and it stays under the limit (what
+        a stream records so that another replica can continue it: ``core.continuation``)."""
+        self._record_limit = 0
+
+    def record(self, limit: int) -> None:
+        """Keep a copy of the request body (up to ``limit`` bytes; past it, none)."""
+        self.recorded, self._record_limit = bytearray(), limit
 
     @property
     def client_gone(self) -> bool:
@@ -149,6 +157,10 @@ class ReceiveRelay:
             self._notify()
         if message["type"] == "http.disconnect":
             self._gone()
+        elif self.recorded is not None:
+            self.recorded += message.get("body", b"")
+            if len(self.recorded) > self._record_limit:
+                self.recorded = None
         return message
 
     async def _run_pump(self) -> None:

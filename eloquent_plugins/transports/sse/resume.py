@@ -27,6 +27,7 @@ from eloquent_plugins.transports.resume.log import EventsGone
 from eloquent_plugins.transports.sse.connection import Connection
 from eloquent_plugins.transports.sse.headers import json_error, respond
 from eloquent_plugins.transports.sse.ids import identity_hash, new_token
+from eloquent_plugins.transports.sse.migrate import MigratingSource, Migration
 from eloquent_plugins.transports.sse.socket_control import socket_control
 from eloquent_plugins.transports.telemetry import resume_span
 
@@ -94,7 +95,11 @@ async def serve_resume(mw: EloquentMiddleware, scope: Scope, receive: Receive, s
         source.close()
         await refuse(refusal)
         return
-    await _replay(mw, scope, receive, send, source, point)
+    migration: Migration | None = None
+    if mw.config.migrate and getattr(source, "producer_lost", None) is not None:
+        migration = Migration(mw, scope, point.token, source.meta)
+        source = MigratingSource(source, migration)
+    await _replay(mw, scope, receive, send, source, point, migration)
 
 
 async def _check(mw: EloquentMiddleware, scope: Scope, source: ReplaySource, point: ResumePoint) -> _Refusal | None:
@@ -129,7 +134,7 @@ async def _check(mw: EloquentMiddleware, scope: Scope, source: ReplaySource, poi
 
 
 async def _replay(mw: EloquentMiddleware, scope: Scope, receive: Receive, send: Send, source: ReplaySource,
-                  point: ResumePoint) -> None:
+                  point: ResumePoint, migration: Migration | None = None) -> None:
     """Serve the stream from the event after ``point`` to its end, on a connection holding a lease on it."""
     store, metrics, meta = mw.store, mw.metrics, source.meta
     assert store is not None
@@ -154,6 +159,8 @@ async def _replay(mw: EloquentMiddleware, scope: Scope, receive: Receive, send: 
         span.resumed(point.after, transport)
     else:
         own_span = resume_span(mw.tracer, stream_id=meta.stream_id, after=point.after, transport=transport)
+    if migration is not None:
+        migration.span = own_span if own_span is not None else getattr(span, "span", None)
     conn = Connection(send, source, point.after + 1, policy=mw.policy, send_timeout=mw.config.send_timeout,
                       metrics=metrics, merge=mw.merge_for(mw.codecs.get(meta.codec, mw.codecs["openai"])),
                       coalesce=mw.config.coalesce,

