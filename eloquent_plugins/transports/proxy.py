@@ -1,3 +1,4 @@
+# long: what every gateway shares is one relay with one set of hard parts ("Why one module" below)
 """The streaming relay the upstream gateways share (TGI's, any OpenAI-compatible server's).
 
 Why one module: a gateway in front of an inference server has the same hard parts whatever the server's schema --
