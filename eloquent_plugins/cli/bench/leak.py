@@ -76,12 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=numbers.positive, default=40, help="tokens per answer (40)")
     parser.add_argument("--modes", default=",".join(MODES), help="padding modes, comma-separated (off,bucket,constant)")
     parser.add_argument("--paths", default="sse,datagram", help="sse, datagram or both (sse,datagram)")
-    parser.add_argument("--loss", type=float, default=0.10, help="simulated loss each direction (0.10)")
+    parser.add_argument("--loss", type=numbers.loss_rate, default=0.10, help="simulated loss each direction (0.10)")
     parser.add_argument("--rtt", type=numbers.seconds, default=0.06, help="simulated round trip, seconds (0.06)")
     parser.add_argument("--tpot", type=numbers.seconds, default=0.03, help="simulated seconds per token (0.03)")
     parser.add_argument("--sse-tpot", type=numbers.seconds, default=0.004,
                         help="the in-process engine's seconds per token for the SSE path (0.004)")
-    parser.add_argument("--engine-jitter", type=float, default=0.3,
+    parser.add_argument("--engine-jitter", type=numbers.fraction, default=0.3,
                         help="the in-process engine's tpot jitter (0.3); it is seeded by the prompt, so each answer "
                         "keeps its own timing from run to run: a stand-in for timing that depends on the content")
     parser.add_argument("--send-tick", type=numbers.seconds, default=0.0,
@@ -89,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--datagram-floor", type=numbers.positive, default=DATAGRAM_FLOOR,
                         help=f"smallest datagram class of bucket padding ({DATAGRAM_FLOOR})")
     parser.add_argument("--concurrency", type=numbers.positive, default=8, help="SSE streams at once (8)")
-    parser.add_argument("--seed", type=int, default=29)
+    parser.add_argument("--seed", type=numbers.seed, default=29)
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     add_progress(parser)
 

@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "shared/traces/mahimahi (ELOQUENT_TRACES_DIR), with and without a bulk download")
     parser.add_argument("--trace", action="append", default=[], metavar="NAME",
                         help="with --links: only these traces (repeatable; default: all five)")
-    parser.add_argument("--cross", type=int, choices=(0, 1), default=None,
+    parser.add_argument("--cross", type=numbers.count, choices=(0, 1), default=None,
                         help="with --links: only without (0) or with (1) the bulk download (default: both)")
     parser.add_argument("--queue-packets", type=numbers.positive, default=100,
                         help="with --links: the drop-tail queue in packets, each direction (default: %(default)s)")
