@@ -250,7 +250,10 @@ async def test_eloquent_datagrams_through_a_lossy_relay_deliver_the_non_streamed
     try:
         port = relay.listen_addr[1]
         async with (
-            EloquentClient(f"https://127.0.0.1:{port}", verify=False, timeout=HANG_GUARD_S) as client,
+            # Nothing on TCP at the relay's port: HTTP/3 only, so the caller says so (``auto`` fails fast when TCP
+            # is refused, docs/CLIENT.md).
+            EloquentClient(f"https://127.0.0.1:{port}", verify=False, timeout=HANG_GUARD_S,
+                           transport="eloquent") as client,
             client.stream("POST", "/v2/models/token_stream/generate_stream", json=LONG_BODY) as s,
         ):
             events = [e async for e in s.events()]
