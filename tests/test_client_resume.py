@@ -92,7 +92,8 @@ async def test_hundred_streams_cut_mid_stream_resume_on_the_other_replica(replic
     # just goes on, and its text is checked above like every other). Under ``auto`` a head a loaded box sends later
     # than ``stream_idle_timeout`` makes a stream begin on SSE instead: fewer, not wrong.
     assert len(began) >= STREAMS // 5 and len(cut) >= 0.9 * len(began), paths
-    assert any(r["deliveries"][1] == "datagram" for r in cut if not r["never"])  # over a new QUIC connection
+    # UDP came back: some resumed over a new QUIC connection, at once or after starting on TCP (``auto`` races).
+    assert any("datagram" in r["deliveries"][1:] for r in cut if not r["never"]), paths
     assert all(r["deliveries"][-1] == "sse" for r in cut if r["never"])  # UDP gone: over SSE
     resumes = sum(metric(r, "eloquent_sse_resumes_total") for r in replicas) - resumes_before
     print(f"{len(cut)} of {STREAMS} cut mid-stream and resumed; paths {paths}; server-side resumes {resumes:g}")
