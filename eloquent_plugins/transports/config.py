@@ -30,7 +30,8 @@ class StreamConfig:
     """``sse``: SSE improvements only; ``eloquent``: also the HTTP/3 datagram front end."""
     resume: bool = True
     resume_store: str = "memory://"
-    """``memory://`` (one process) or ``redis://host:port/db`` (replicas share streams)."""
+    """``memory://`` (one process), ``redis://host:port/db`` (replicas share streams) or a scheme a store plugin
+    registers; the resume package checks the scheme (``transports.resume.store_factory``), not this class."""
     resume_ttl: float = 300.0
     """Seconds a finished stream stays resumable."""
     resume_grace: float = 5.0
@@ -92,8 +93,6 @@ class StreamConfig:
             require_finite(name, getattr(self, name))
         if self.eloquent_port is not None and not 0 <= self.eloquent_port <= 65535:
             raise ConfigError(f"eloquent_port must be a port number, got {self.eloquent_port}")
-        if not self.resume_store.startswith(("memory://", "redis://", "rediss://", "unix://")):
-            raise ConfigError(f"resume store must be memory:// or redis://..., got {self.resume_store!r}")
         KeepAlivePolicy(self.keepalive, self.keepalive_frame)  # validates both
         parse_mode(self.padding)
         require_finite("send_tick", self.send_tick)

@@ -150,6 +150,10 @@ class EloquentVllmSettings:
         if not self.wants_http3 and getattr(ns, "eloquent_port", None) is not None:
             raise ServeOptionsError(f"--eloquent-port is the HTTP/3 front end's UDP port: it needs --stream-transport "
                                     f"eloquent, not {self.transport}")
+        # The middleware makes its store on the first request: refuse a URL no installed store takes now.
+        from eloquent_plugins.transports.resume import check_resume_store
+
+        check_resume_store(self.config)
         servers = planned_api_servers(ns)
         if self.wants_http3:
             if servers > 1:

@@ -19,8 +19,9 @@ from eloquent_plugins.transports.resume.base import StoreFactory
 @hookspec
 def eloquent_register_resume_stores() -> list[StoreFactory]:  # type: ignore[empty-body]
     """Resume store factories: objects with ``scheme`` (and optionally ``schemes``, every URL scheme they take)
-    and ``create(url, config)``. A plugin factory replaces the built-in store for its scheme; two plugins
-    taking one scheme are a configuration error (see ``create_store``)."""
+    and ``create(url, config)``. A plugin factory adds its schemes to those ``--resume-store`` accepts, or
+    replaces the built-in store for a built-in scheme; two plugins taking one scheme are a configuration error
+    (see ``store_factory`` in this package)."""
 
 
 def add_resume_hookspecs(pm: pluggy.PluginManager) -> None:
