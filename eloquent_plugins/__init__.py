@@ -15,7 +15,8 @@ from eloquent_plugins.core.events import EventKind, StreamEvent
 from eloquent_plugins.core.keepalive import KeepAlivePolicy, KeepAliveTimer
 from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.receiver import EloquentReceiver, ReceiverConfig
-from eloquent_plugins.core.sender import EloquentSender, SenderConfig
+from eloquent_plugins.core.sender import EloquentSender
+from eloquent_plugins.core.sender_config import SenderConfig
 from eloquent_plugins.core.stall import StallReport, stall_metrics
 
 __version__ = "0.1.0"

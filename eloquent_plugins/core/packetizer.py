@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from eloquent_plugins.core.delta import make_delta
 from eloquent_plugins.core.events import StreamEvent
 from eloquent_plugins.core.keepalive import KeepAliveTimer
 from eloquent_plugins.core.recovery import Recovery
+from eloquent_plugins.core.sender_config import SenderConfig, SenderStats
 from eloquent_plugins.core.wire import (
     DataPacket,
     Entry,
@@ -26,8 +26,6 @@ from eloquent_plugins.core.wire import (
     pad_packet,
 )
 
-if TYPE_CHECKING:
-    from eloquent_plugins.core.sender import SenderConfig, SenderStats
 
 _FRAGMENT_OVERHEAD = 2 + 8 + 8 + 1 + 8 + 1 + 1 + 8 + 8 + 8
 """Worst-case fragment header: 8-byte varints for packet number, index, total and offset keep chunks stable."""

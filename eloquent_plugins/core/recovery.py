@@ -8,12 +8,9 @@ builds the bytes and ``sender`` ties both to the stream's event log. Sans-I/O: e
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
 
 from eloquent_plugins.core.rtt import LossEstimator, RttEstimator
-
-if TYPE_CHECKING:
-    from eloquent_plugins.core.sender import SenderConfig
+from eloquent_plugins.core.sender_config import SenderConfig
 
 SENT_HISTORY = 1024
 """Send times and unreported data packet numbers remembered (older ones are forgotten, oldest first)."""
