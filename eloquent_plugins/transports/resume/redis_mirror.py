@@ -1,6 +1,6 @@
-"""The Redis store's producer side: the key layout's entry ids, the retry bounds, and the task that mirrors a
-live stream's local log to Redis (see ``redis_store`` for the layout). Kept apart from the store so each file
-stays readable; it depends on nothing in ``redis_store``."""
+"""The Redis store's producer side: the task that mirrors a live stream's local log to Redis (the key layout
+is ``redis_layout``'s). It needs only what ``MirrorTarget`` names of the store, so it imports nothing of
+``redis_store`` and can be driven on its own (``tests/transports/resume/test_redis_mirror_unit.py``)."""
 
 from __future__ import annotations
 
@@ -8,54 +8,29 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from eloquent_plugins.transports.resume.log import EventsGone, StreamLog
-
-if TYPE_CHECKING:
-    from eloquent_plugins.transports.resume.redis_store import RedisStore
+from eloquent_plugins.transports.resume.redis_layout import READ_BATCH, REPLY_TIMEOUT, entry_id, entry_index, live_ttl
 
 log = logging.getLogger("eloquent_plugins.transports.resume")
 
-LIVE_TTL_MIN = 60.0
-"""A live stream's keys expire this long (at least) after the producer last refreshed them: a crashed producer
-leaves no stream behind forever."""
-HEARTBEAT_TTL = 15
-"""Seconds a live stream's heartbeat key outlives the producer's last refresh (every HEARTBEAT_TTL / 3 s). A
-reader that finds it gone while the stream has no end knows the producing replica died: it ends the body
-without completing it instead of waiting for the keys to expire."""
-READ_BATCH = 1000
-"""Entries per XREAD/XRANGE and per mirror pipeline: the ceiling on what one reader buffers or one write holds."""
-REPLY_TIMEOUT = 10.0
-"""Seconds any Redis reply may take (past an XREAD's own block time) before it counts as a failure."""
-RETRY_FIRST, RETRY_MAX = 0.05, 2.0
-"""Backoff between retries after a Redis failure: doubles from the first delay up to the max."""
-MIRROR_RETRY_FOR = 60.0
-"""Seconds of consecutive failures after which the mirror gives up (one error line; remote readers get a cut)."""
-READ_RETRY_FOR = 10.0
-"""Seconds of consecutive failures after which a remote reader's body is cut."""
 
+class MirrorTarget(Protocol):
+    """What a mirror reads of its store, at the moment it needs it (tests change the retry bounds on a live
+    store): the client, the key layout's prefix, the TTLs, the per-stream cap and the retry bounds."""
 
-def transient(exc: BaseException) -> bool:
-    """A failure worth retrying: the connection dropped or timed out (Redis itself may be fine)."""
-    from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
+    redis: Any
+    ttl: float
+    """Seconds a finished stream's keys are kept."""
+    heartbeat_ttl: int
+    max_stream_events: int
+    retry_first: float
+    retry_max: float
+    mirror_retry_for: float
+    """Seconds of failures after which the mirror gives up (``redis_layout.MIRROR_RETRY_FOR`` by default)."""
 
-    return isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError, asyncio.TimeoutError))
-
-
-def entry_id(index: int) -> str:
-    return f"{index}-1"
-
-
-def after_id(cursor: int) -> str:
-    """The XREAD id that returns entries with index >= cursor."""
-    return "0-0" if cursor <= 0 else f"{cursor - 1}-1"
-
-
-def entry_index(entry_id: bytes | str) -> int:
-    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    return int(text.partition("-")[0])
-
+    def key(self, kind: str, token: str) -> str: ...
 
 
 class Mirror:
@@ -65,11 +40,11 @@ class Mirror:
     written twice or skipped; after ``mirror_retry_for`` s of failures it gives up with one error line and drops
     the heartbeat, so that readers on other replicas end their bodies cut rather than complete-looking."""
 
-    def __init__(self, store: RedisStore, token: str, log_: StreamLog) -> None:
+    def __init__(self, store: MirrorTarget, token: str, log_: StreamLog) -> None:
         self.store, self.token, self.log = store, token, log_
         self.skey, self.mkey, self.hkey = store.key("s", token), store.key("m", token), store.key("h", token)
         self.qkey = store.key("q", token)
-        self.live_ttl = int(max(store.ttl, LIVE_TTL_MIN)) + 1
+        self.live_ttl = live_ttl(store.ttl)
         self.beat_every = store.heartbeat_ttl / 3
         self.cursor = 0
         """The index of the next event to write to Redis."""

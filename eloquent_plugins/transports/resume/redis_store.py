@@ -1,10 +1,8 @@
 """Redis Streams store: several replicas behind a load balancer share resumable streams.
 
-Layout (``prefix`` defaults to ``eloquent``): ``{prefix}:m:{token}`` holds the stream's meta JSON,
-``{prefix}:s:{token}`` is a Redis stream whose entry ``<index>-1`` holds event ``index``'s frame (field ``f``)
-and whose last entry, ``<n>-1`` with field ``end``, marks the end, and ``{prefix}:l:{token}`` is a sorted set of
-reader leases (score: lease end, Unix time; a reader that leaves sets it to the time it left). The producing
-replica serves its own readers from memory and mirrors the log to Redis in pipelined batches (one round trip per
+Layout: ``redis_layout`` (the meta JSON, a Redis stream per stream whose entry ``<index>-1`` holds event
+``index``'s frame and whose last entry marks the end, the heartbeat, the recorded request, reader leases). The
+producing replica serves its own readers from memory and mirrors the log to Redis in pipelined batches (one round trip per
 batch, not per event); other replicas read with ``XREAD BLOCK``. Keys expire ``resume_ttl`` seconds after the
 stream ends (refreshed while it is live), and each stream keeps at most ``max_stream_events`` entries
 (``XADD MAXLEN ~``).
@@ -31,16 +29,17 @@ from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.transports.resume.log import EventsGone, StreamLog
 from eloquent_plugins.transports.resume.base import ReplaySource, ResumeStore, StreamMeta
 from eloquent_plugins.transports.resume.local import LocalSource
-from eloquent_plugins.transports.resume.redis_mirror import (
-    HEARTBEAT_TTL, LIVE_TTL_MIN, MIRROR_RETRY_FOR, READ_BATCH, READ_RETRY_FOR, REPLY_TIMEOUT, RETRY_FIRST, RETRY_MAX,
-    Mirror, after_id, entry_index, transient)
+from eloquent_plugins.transports.resume.redis_layout import (
+    HEARTBEAT_TTL, MIRROR_RETRY_FOR, READ_BATCH, READ_RETRY_FOR, REPLY_TIMEOUT, RETRY_FIRST, RETRY_MAX,
+    after_id, entry_index, live_ttl, redis_key, transient)
+from eloquent_plugins.transports.resume.redis_mirror import Mirror
 
 log = logging.getLogger("eloquent_plugins.transports.resume")
 
 _OUR_OPTIONS = ("prefix", "max_stream_events", "heartbeat_ttl")
 SENT_WAIT = 2.0
 """Seconds a resume of a live stream waits for the event it names to reach Redis before calling it never sent."""
-__all__ = ["HEARTBEAT_TTL", "LIVE_TTL_MIN", "RedisSource", "RedisStore"]
+__all__ = ["HEARTBEAT_TTL", "RedisSource", "RedisStore"]
 
 
 class RedisSource:
@@ -282,7 +281,7 @@ class RedisStore(ResumeStore):
         self.read_retry_for = READ_RETRY_FOR
 
     def key(self, kind: str, token: str) -> str:
-        return f"{self.prefix}:{kind}:{token}"
+        return redis_key(self.prefix, kind, token)
 
     def new_log(self) -> StreamLog:
         return StreamLog(max_events=self.max_stream_events)
@@ -292,7 +291,7 @@ class RedisStore(ResumeStore):
 
     async def create(self, token: str, meta: StreamMeta, log_: StreamLog, request: bytes | None = None) -> None:
         """Publish; ``request``: the request body, kept with the stream so another replica can continue it."""
-        live_ttl = int(max(self.ttl, LIVE_TTL_MIN)) + 1
+        live_ttl = live_ttl(self.ttl)
         pipe = self.redis.pipeline(transaction=False)
         pipe.set(self.key("m", token), meta.to_json(), ex=live_ttl)
         pipe.set(self.key("h", token), b"1", ex=self.heartbeat_ttl)
@@ -322,7 +321,7 @@ class RedisStore(ResumeStore):
             return "taken"
         pipe = redis.pipeline(transaction=False)
         pipe.incr(self.key("c", token))
-        pipe.expire(self.key("c", token), int(max(self.ttl, LIVE_TTL_MIN)) + 1)
+        pipe.expire(self.key("c", token), live_ttl(self.ttl))
         count, _ = await asyncio.wait_for(pipe.execute(), REPLY_TIMEOUT)
         if count > max_migrations:
             await self.release_claim(token, consumer)
@@ -380,7 +379,7 @@ class RedisStore(ResumeStore):
         key = self.key("l", token)
         pipe = self.redis.pipeline(transaction=False)
         pipe.zadd(key, {consumer: time.time() + ttl})
-        pipe.expire(key, int(max(self.ttl, LIVE_TTL_MIN)) + 1)
+        pipe.expire(key, live_ttl(self.ttl))
         await pipe.execute()
 
     async def release(self, token: str, consumer: str) -> None:
