@@ -291,12 +291,12 @@ class RedisStore(ResumeStore):
 
     async def create(self, token: str, meta: StreamMeta, log_: StreamLog, request: bytes | None = None) -> None:
         """Publish; ``request``: the request body, kept with the stream so another replica can continue it."""
-        live_ttl = live_ttl(self.ttl)
+        keep = live_ttl(self.ttl)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.set(self.key("m", token), meta.to_json(), ex=live_ttl)
+        pipe.set(self.key("m", token), meta.to_json(), ex=keep)
         pipe.set(self.key("h", token), b"1", ex=self.heartbeat_ttl)
         if request is not None:
-            pipe.set(self.key("q", token), request, ex=live_ttl)
+            pipe.set(self.key("q", token), request, ex=keep)
         await pipe.execute()
         self._mirror(token, meta, log_)
 
