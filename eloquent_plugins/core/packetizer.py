@@ -44,7 +44,8 @@ class Packetizer:
         pad = config.padding
         self._pad = pad if pad is not None and pad.enabled else None
         """The datagram padding policy (``core.padding``); None when off: ``_emit`` then adds nothing."""
-        self._budget = pad.size if self._pad is not None and pad.mode == "constant" else config.limits.max_datagram_size
+        self._budget = (self._pad.size if self._pad is not None and self._pad.mode == "constant"
+                        else config.limits.max_datagram_size)
         """Bytes a datagram may take: the budget, or the one size of ``constant`` padding (runs split at it)."""
         self.next_number = 0
         """The packet number the next packet takes (every number below it was sent)."""
