@@ -14,7 +14,7 @@ from pathlib import Path
 
 from eloquent_plugins.cli.flags import ALIAS, SETTING
 from eloquent_plugins.cli.main import build_parser
-from eloquent_plugins.core.config import env_name, plugin_flag
+from eloquent_plugins.transports.config import env_name, plugin_flag
 
 DOC = Path(__file__).resolve().parent / "FLAGS.md"
 

@@ -19,7 +19,7 @@ import uvicorn
 from eloquent_tgi.gateway import create_tgi_gateway
 from text_generation import AsyncClient
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 
 

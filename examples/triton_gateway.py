@@ -23,7 +23,7 @@ import uvicorn
 from eloquent_client.sse import stream_sse
 from eloquent_triton.gateway import create_triton_gateway
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 
 

@@ -18,7 +18,7 @@ StartH3 = Callable[..., Awaitable["Http3Server"]]
 async def h3_engine() -> AsyncIterator[StartH3]:
     """``await h3_engine(ttft=..., tpot=..., record_timings=...)``: the built-in engine behind the HTTP/3 front end
     on a free loopback UDP port (read ``.port``); every server started through it is closed after the test."""
-    from eloquent_plugins.core.config import StreamConfig
+    from eloquent_plugins.transports.config import StreamConfig
     from eloquent_plugins.engine import EngineConfig, create_engine_app
     from eloquent_plugins.transports.http3 import FrontEndOptions, start_http3_server
 

@@ -163,9 +163,9 @@ def all_arrows() -> list[Arrow]:
     ("eloquent_plugins.core.wire", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..transports "
      "import asgi", "eloquent_plugins.transports.asgi"),
     ("eloquent_plugins.core.codecs", "from ...transports.sse import merge", "eloquent_plugins.transports.sse.merge"),
-    ("eloquent_plugins.core.config", "try:\n    import redis.asyncio\nexcept ImportError:\n    pass", "redis.asyncio"),
-    ("eloquent_plugins.core.config", "import pluggy", "pluggy"),
-    ("eloquent_plugins.core.config", "import numpy", "numpy"),
+    ("eloquent_plugins.core.limits", "try:\n    import redis.asyncio\nexcept ImportError:\n    pass", "redis.asyncio"),
+    ("eloquent_plugins.core.limits", "import pluggy", "pluggy"),
+    ("eloquent_plugins.core.limits", "import numpy", "numpy"),
     ("eloquent_client.http3", "from eloquent_plugins.transports.http3 import server",
      "eloquent_plugins.transports.http3.server"),
     ("eloquent_client.sse", "import eloquent_tgi", "eloquent_tgi"),

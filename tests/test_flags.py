@@ -22,7 +22,7 @@ import pytest
 from eloquent_plugins.cli import flags
 from eloquent_plugins.cli.commands.common import stream_config
 from eloquent_plugins.cli.main import build_parser
-from eloquent_plugins.core.config import env_name, plugin_flag
+from eloquent_plugins.transports.config import env_name, plugin_flag
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.transports.cors import CorsMiddleware
 

@@ -6,9 +6,8 @@ from typing import Any
 
 import pluggy
 
-from eloquent_plugins.core.config import StreamConfig
-from eloquent_plugins.core.hooks.manager import upstream_kind
-from eloquent_plugins.core.upstream import parse_upstream
+from eloquent_plugins.transports.config import StreamConfig
+from eloquent_plugins.transports.upstream import parse_upstream, upstream_kind
 
 
 def build_app(config: StreamConfig, pm: pluggy.PluginManager, *, upstream: str | None = None,

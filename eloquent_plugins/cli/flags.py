@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eloquent_plugins.cli import numbers
-from eloquent_plugins.core.config import env_name
+from eloquent_plugins.transports.config import env_name
 from eloquent_plugins.core.errors import ConfigError
 
 SETTING = "eloquent_setting"

@@ -18,7 +18,7 @@ from typing import Any
 
 from eloquent_plugins.cli import numbers
 from eloquent_plugins.cli.flags import add_duration
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.stall import StallReport, percentile, stall_metrics
 from eloquent_plugins.engine import EngineConfig, create_engine_app

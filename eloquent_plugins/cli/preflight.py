@@ -16,7 +16,7 @@ import os
 from urllib.parse import urlsplit
 
 from eloquent_plugins.core.errors import ConfigError
-from eloquent_plugins.core.upstream import parse_upstream
+from eloquent_plugins.transports.upstream import parse_upstream
 
 log = logging.getLogger("eloquent.serve")
 

@@ -11,8 +11,9 @@ from collections.abc import Iterable
 from dataclasses import replace
 from enum import Enum
 
-from eloquent_plugins.core.config import StreamConfig
 from eloquent_plugins.core.errors import EloquentError
+from eloquent_plugins.core.keepalive import KeepAlivePolicy
+from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.protocol import DATAGRAM, SCHEME_HEADER, TRANSPORT_HEADER
 from eloquent_plugins.core.sender import SenderConfig
 
@@ -49,9 +50,9 @@ def scheme_for(headers: Iterable[tuple[bytes, bytes]]) -> Scheme:
     return Scheme.ELOQUENT if transport == DATAGRAM else Scheme.STREAM
 
 
-def sender_config_for(scheme: Scheme, config: StreamConfig) -> SenderConfig:
-    """The core sender settings behind a datagram scheme (keep-alive and limits from ``config``)."""
-    base = SenderConfig(limits=config.limits, keepalive=config.keepalive_policy)
+def sender_config_for(scheme: Scheme, *, limits: Limits, keepalive: KeepAlivePolicy) -> SenderConfig:
+    """The core sender settings behind a datagram scheme, with the connection's ``limits`` and ``keepalive``."""
+    base = SenderConfig(limits=limits, keepalive=keepalive)
     if scheme is Scheme.DUPLICATE:
         return replace(base, carry_unacked=False, copies=2)
     return base

@@ -24,7 +24,7 @@ from eloquent_plugins.cli.bench import cpu, lighthttp
 from eloquent_plugins.cli.bench import overhead_live as live
 from eloquent_plugins.cli.bench import overhead_vllm as ov
 from eloquent_plugins.cli.bench.overhead import main
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 from tests.support.servers import UvicornThread

@@ -17,7 +17,7 @@ from eloquent_client import (
     text_delta,
 )
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.transports.http3 import start_http3_server

@@ -11,7 +11,7 @@ import pytest
 
 from eloquent_plugins.cli.main import build_parser
 from eloquent_plugins.cli.commands.common import stream_config
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.continuation import (MAX_RECORD_BYTES, TOKEN_ID_ROUTE, CannotContinue, Splice,
                                                 plan, read_emitted)
 from eloquent_plugins.engine.config import EngineConfig

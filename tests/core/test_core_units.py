@@ -9,7 +9,7 @@ from eloquent_plugins.cli.main import build_parser
 from eloquent_plugins.core.codecs import OpenAICodec, TGICodec, TritonCodec
 from eloquent_plugins.core.codecs.base import CodecError
 from eloquent_plugins.core.stall import andes_qoe, percentile, stall_time
-from eloquent_plugins.core.upstream import parse_upstream
+from eloquent_plugins.transports.upstream import parse_upstream
 
 
 def test_keepalive_is_idle_based() -> None:

@@ -18,7 +18,7 @@ from httpx_sse import connect_sse
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError, DecodeError
 from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.padding import PaddingPolicy, datagram_policy, obfuscation_requested, sse_comment

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.hooks.manager import create_plugin_manager
 from eloquent_plugins.core.hooks.specs import hookimpl

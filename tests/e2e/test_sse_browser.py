@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 from tests.support.cutproxy import CutPlan, CutProxy
 from tests.support.servers import UvicornThread

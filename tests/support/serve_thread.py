@@ -14,7 +14,7 @@ from typing import Any
 import uvicorn
 
 from eloquent_plugins.cli.app_factory import build_app
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.hooks.manager import create_plugin_manager
 from eloquent_plugins.transports.cors import CorsMiddleware, parse_origins
 from eloquent_plugins.transports.http3 import (

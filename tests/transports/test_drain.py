@@ -16,7 +16,7 @@ import httpx
 import pytest
 import redis
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.protocol import STREAM_HEADER
 from eloquent_plugins.core.sse_reader import SSEParser
 from eloquent_plugins.engine import EngineConfig, create_engine_app

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from eloquent_client import ClientError, EloquentClient, StreamFailed
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.sim.netem import Outage
 from eloquent_plugins.transports.http3 import FrontEndOptions, start_http3_server

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 
 from eloquent_plugins.cli.app_factory import build_app
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.hooks.manager import create_plugin_manager
 from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.transports.metrics import METRICS_PATH

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
-from eloquent_plugins.core.config import StreamConfig  # noqa: E402
+from eloquent_plugins.transports.config import StreamConfig  # noqa: E402
 from eloquent_plugins.core.sse_reader import SSEParser  # noqa: E402
 from eloquent_plugins.engine import EngineConfig, create_engine_app  # noqa: E402
 from eloquent_plugins.transports.http3 import start_http3_server  # noqa: E402
@@ -114,7 +114,7 @@ def test_otel_traces_exporter_console_prints_one_span_per_stream() -> None:
     script = textwrap.dedent('''
         import asyncio, httpx
         from opentelemetry import trace
-        from eloquent_plugins.core.config import StreamConfig
+        from eloquent_plugins.transports.config import StreamConfig
         from eloquent_plugins.engine import EngineConfig, create_engine_app
         from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
         from eloquent_plugins.transports.telemetry import configure_from_env

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from eloquent_client import EloquentClient, H3Stream
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.transports.request_timeouts import (

@@ -26,7 +26,7 @@ import httpx
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse, Response
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.transports.failover import UpstreamSet, split_urls
 from eloquent_plugins.transports.proxy import (

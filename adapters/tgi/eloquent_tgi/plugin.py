@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.hooks.specs import hookimpl
-from eloquent_plugins.core.upstream import UpstreamKind
+from eloquent_plugins.transports.upstream import UpstreamKind
 
 
 def create_app(url: str, config: StreamConfig) -> Any:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from eloquent_plugins.core.hooks.specs import hookimpl
-from eloquent_plugins.core.upstream import UpstreamKind
+from eloquent_plugins.transports.upstream import UpstreamKind
 
 if TYPE_CHECKING:
-    from eloquent_plugins.core.config import StreamConfig
+    from eloquent_plugins.transports.config import StreamConfig
 
 
 def create_app(url: str, config: StreamConfig) -> Any:

@@ -14,7 +14,7 @@ from eloquent_vllm.errors import Http3StartError
 from eloquent_vllm.implementations import http3_server_starter
 
 if TYPE_CHECKING:
-    from eloquent_plugins.core.config import StreamConfig
+    from eloquent_plugins.transports.config import StreamConfig
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal
 from eloquent_vllm.errors import ServeOptionsError
 
 if TYPE_CHECKING:
-    from eloquent_plugins.core.config import StreamConfig
+    from eloquent_plugins.transports.config import StreamConfig
 
 Transport = Literal["none", "sse", "eloquent"]
 TRANSPORTS: tuple[Transport, ...] = ("none", "sse", "eloquent")
@@ -62,7 +62,7 @@ SHARED_FLAGS: tuple[tuple[str, dict[str, object], str], ...] = (
 
 def add_eloquent_args(parser: ArgumentParser) -> bool:
     """Add our flags to a ``vllm serve`` parser once; False if they (or a same-named vLLM flag) already exist."""
-    from eloquent_plugins.core.config import env_name, plugin_flag
+    from eloquent_plugins.transports.config import env_name, plugin_flag
 
     if "--stream-transport" in parser._option_string_actions:
         return False
@@ -110,7 +110,7 @@ class EloquentVllmSettings:
             return cls("none", None, host, None)
 
         # Imported here: light (config only, no transports) but not needed when the transport is "none".
-        from eloquent_plugins.core.config import StreamConfig
+        from eloquent_plugins.transports.config import StreamConfig
 
         config = StreamConfig.from_env(
             env,

@@ -62,7 +62,7 @@ def _body(index: int, tokens: int) -> bytes:
 async def _serve(end: LinkEnd, tpot: float, tokens: int) -> Any:
     """The HTTP/3 front end and the built-in engine, listening on ``end`` (what ``start_http3_server`` builds,
     without its socket)."""
-    from eloquent_plugins.core.config import StreamConfig
+    from eloquent_plugins.transports.config import StreamConfig
     from eloquent_plugins.engine import EngineConfig, create_engine_app
     from eloquent_plugins.h3glue import GuardedQuicServer
     from eloquent_plugins.transports.http3.connection import Http3Connection

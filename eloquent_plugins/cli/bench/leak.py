@@ -35,7 +35,7 @@ from typing import Any
 
 from eloquent_plugins.cli import numbers
 from eloquent_plugins.cli.flags import add_progress
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.padding import DATAGRAM_FLOOR, MODES, datagram_policy, sse_policy
 from eloquent_plugins.core.sse_reader import SSEParser

@@ -83,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_app(variant: str) -> Any:
-    from eloquent_plugins.core.config import StreamConfig
+    from eloquent_plugins.transports.config import StreamConfig
     from eloquent_plugins.engine import EngineConfig, create_engine_app
 
     engine_config = EngineConfig(ttft=0.0, tpot=0.0, max_tokens_limit=1_000_000, max_tokens_default=16)
@@ -227,7 +227,7 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:
 
 def in_process_cost(events: int, *, resume: bool, profile: bool = False) -> dict[str, float]:
     """Microseconds per event of app -> middleware -> send, against app -> send, with no I/O at all."""
-    from eloquent_plugins.core.config import StreamConfig
+    from eloquent_plugins.transports.config import StreamConfig
     from eloquent_plugins.engine.render import ChunkWriter
     from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 

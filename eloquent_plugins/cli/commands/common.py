@@ -1,5 +1,5 @@
 """The server settings' one vocabulary: ``eloquent serve`` declares them here, the vLLM plugin spells the same
-names with ``--eloquent-`` in front (:func:`eloquent_plugins.core.config.plugin_flag`), and every one reads
+names with ``--eloquent-`` in front (:func:`eloquent_plugins.transports.config.plugin_flag`), and every one reads
 ``ELOQUENT_<FLAG>`` (CLI > environment > default; the machinery is :mod:`eloquent_plugins.cli.flags`)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import socket
 
 from eloquent_plugins.cli import numbers
 from eloquent_plugins.cli.flags import add_setting
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.padding import MODES
 

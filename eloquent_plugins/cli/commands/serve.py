@@ -19,7 +19,7 @@ from eloquent_plugins.cli.commands.common import (
 from eloquent_plugins.cli.flags import add_setting, command
 from eloquent_plugins.cli.optional import needs_extra
 from eloquent_plugins.cli.preflight import check_tcp_port, listen_error, warn_unreachable
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.hooks.manager import create_plugin_manager
 from eloquent_plugins.transports.access_log import log_config
 from eloquent_plugins.transports.drain import Drain
@@ -135,8 +135,7 @@ async def serve(args: argparse.Namespace, config) -> int:  # type: ignore[no-unt
 def _bare_app(config, pm, args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """``--stream-transport none``: the engine or the upstream gateway alone (what the plugin's none means)."""
     if args.upstream:
-        from eloquent_plugins.core.hooks.manager import upstream_kind
-        from eloquent_plugins.core.upstream import parse_upstream
+        from eloquent_plugins.transports.upstream import parse_upstream, upstream_kind
 
         kind, url = parse_upstream(args.upstream)
         return upstream_kind(pm, kind).create_app(url, config)

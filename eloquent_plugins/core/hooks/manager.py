@@ -13,10 +13,8 @@ import pluggy
 
 from eloquent_plugins.core.hooks import specs as hookspecs
 from eloquent_plugins.core.codecs.base import Codec
-from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.events import StreamEvent
 from eloquent_plugins.core.hooks.specs import ENTRY_POINT_GROUP, PROJECT, StreamInfo
-from eloquent_plugins.core.upstream import UpstreamKind
 
 
 def create_plugin_manager(*, load_entry_points: bool = True, plugins: Iterable[object] = ()) -> pluggy.PluginManager:
@@ -40,19 +38,6 @@ def _collect(results: Iterable[list[Any] | None]) -> list[Any]:
 
 def codecs(pm: pluggy.PluginManager) -> dict[str, Codec]:
     return {codec.name: codec for codec in _collect(pm.hook.eloquent_register_codecs())}
-
-
-def upstream_kinds(pm: pluggy.PluginManager) -> dict[str, UpstreamKind]:
-    return {kind.name: kind for kind in _collect(pm.hook.eloquent_register_upstreams())}
-
-
-def upstream_kind(pm: pluggy.PluginManager, name: str) -> UpstreamKind:
-    kinds = upstream_kinds(pm)
-    if name not in kinds:
-        known = ", ".join(sorted(kinds)) or "none installed"
-        raise ConfigError(f"unknown upstream kind {name!r} (known: {known}); "
-                          f"install its adapter, e.g. pip install 'eloquent-plugins[{name}]'")
-    return kinds[name]
 
 
 class StreamHooks:

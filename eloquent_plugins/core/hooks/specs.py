@@ -6,7 +6,7 @@ event's payload; the ``eloquent_register_*`` hooks each return a list of things 
 
 A transport with hooks of its own adds their specs to the manager itself (``pm.add_hookspecs``), as pytest
 plugins do, so the core never imports a transport: ``eloquent_register_resume_stores`` lives in
-``transports/resume/hooks.py``.
+``transports/resume/hooks.py``, ``eloquent_register_upstreams`` in ``transports/upstream.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import pluggy
 if TYPE_CHECKING:
     from eloquent_plugins.core.codecs.base import Codec
     from eloquent_plugins.core.events import StreamEvent
-    from eloquent_plugins.core.upstream import UpstreamKind
 
 PROJECT = "eloquent_plugins"
 ENTRY_POINT_GROUP = "eloquent_plugins"
@@ -67,9 +66,3 @@ def eloquent_stream_error(stream: StreamInfo, error: BaseException) -> None:
 @hookspec
 def eloquent_register_codecs() -> list[Codec]:  # type: ignore[empty-body]
     """Codecs for engine event formats (OpenAI, TGI, Triton, ...)."""
-
-
-@hookspec
-def eloquent_register_upstreams() -> list[UpstreamKind]:  # type: ignore[empty-body]
-    """Upstream kinds for ``--upstream KIND=URL``."""
-

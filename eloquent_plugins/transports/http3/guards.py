@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.protocol import PACKET_OVERHEAD, QUIC_MAX_DATAGRAM_SIZE
 

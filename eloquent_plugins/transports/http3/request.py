@@ -252,7 +252,7 @@ class Request:
 
     def _open_eloquent(self) -> EloquentResponseStream:
         conn = self.conn
-        config = replace(sender_config_for(self.scheme, conn.state.config), limits=conn.limits)
+        config = sender_config_for(self.scheme, limits=conn.limits, keepalive=conn.state.config.keepalive_policy)
         if conn.state.options.sender_redundancy is not None and self.scheme is Scheme.ELOQUENT:
             config = replace(config, redundancy=conn.state.options.sender_redundancy)
         if conn.state.config.padding != "off":

@@ -23,7 +23,7 @@ from aioquic.quic.configuration import QuicConfiguration
 
 from eloquent_plugins.core.codecs import BUILTIN_CODECS, Codec
 from eloquent_plugins.core.codecs.router import CodecRouter
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.hooks.manager import codecs
 from eloquent_plugins.core.protocol import QUIC_MAX_DATAGRAM_SIZE

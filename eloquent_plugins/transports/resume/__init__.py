@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.transports.resume.base import ReplaySource, ResumeStore, StoreFactory, StreamMeta
 from eloquent_plugins.transports.resume.memory import MemoryStore, MemoryStoreFactory

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlsplit
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.transports.resume.log import StreamLog
 from eloquent_plugins.transports.resume.base import ReplaySource, ResumeStore, StreamMeta

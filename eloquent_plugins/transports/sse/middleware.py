@@ -35,7 +35,7 @@ import pluggy
 
 from eloquent_plugins.core.codecs.base import Codec
 from eloquent_plugins.core.codecs.router import DEFAULT_CODEC_ROUTES, CodecRouter
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.hooks.manager import codecs, create_plugin_manager
 from eloquent_plugins.core.padding import sse_policy
 from eloquent_plugins.core.protocol import DATAGRAM, TRANSPORT_HEADER

@@ -28,7 +28,7 @@ import pytest
 from eloquent_client.httpx_transport import AsyncEloquentTransport
 from eloquent_openai.gateway import create_openai_gateway
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 from tests.support.tgi_server import run_http3_in_thread, run_in_thread
 

@@ -25,12 +25,13 @@ from eloquent_tgi.gateway import create_tgi_gateway
 from starlette.applications import Starlette
 
 from eloquent_plugins.cli.app_factory import build_app
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
-from eloquent_plugins.core.hooks.manager import create_plugin_manager, upstream_kind
+from eloquent_plugins.core.hooks.manager import create_plugin_manager
 from eloquent_plugins.core.sse_reader import SSEMessage, SSEParser
 from eloquent_plugins.engine import Engine, create_engine_app
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+from eloquent_plugins.transports.upstream import upstream_kind
 from tests.support.servers import eloquent_serve, nginx
 from tests.support.tgi_server import run_http3_in_thread, run_in_thread
 

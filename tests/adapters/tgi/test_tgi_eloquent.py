@@ -15,7 +15,7 @@ import pytest
 from eloquent_client import EloquentClient, StreamFailed
 from eloquent_tgi.gateway import create_tgi_gateway
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 from eloquent_plugins.core.sse_reader import SSEParser
 from tests.support.tgi_server import TGIServerState, create_tgi_server, run_http3_in_thread, run_in_thread

@@ -19,7 +19,7 @@ from eloquent_tgi.gateway import TGIGatewayError, create_tgi_gateway
 from starlette.applications import Starlette
 from text_generation import errors as tg_errors
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
 from tests.support.tgi_server import ERROR_MESSAGES, TGIServerState, create_tgi_server, run_in_thread
 

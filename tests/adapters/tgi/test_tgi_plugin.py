@@ -6,10 +6,10 @@ import eloquent_tgi.plugin
 import httpx
 import pytest
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
-from eloquent_plugins.core.hooks.manager import create_plugin_manager, upstream_kind
-from eloquent_plugins.core.upstream import parse_upstream
+from eloquent_plugins.core.hooks.manager import create_plugin_manager
+from eloquent_plugins.transports.upstream import parse_upstream, upstream_kind
 from tests.support.servers import free_port as closed_port
 
 

@@ -19,7 +19,7 @@ import pytest
 import text_generation
 from eloquent_tgi.gateway import create_tgi_gateway
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 from eloquent_plugins.core.sse_reader import SSEMessage, SSEParser
 from tests.support.tgi_server import TGIServerState, create_tgi_server, run_in_thread

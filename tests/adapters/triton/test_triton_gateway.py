@@ -249,7 +249,7 @@ async def test_the_gateway_works_inside_eloquent_middleware(
 ) -> None:
     # The middleware adds keep-alive and event ids to the gateway's stream. Ordering again: the gate
     # opens only after a keep-alive comment arrived, i.e. while Triton had produced nothing.
-    from eloquent_plugins.core.config import StreamConfig
+    from eloquent_plugins.transports.config import StreamConfig
     from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 
     config = StreamConfig(keepalive=0.05, stream_transport="sse")

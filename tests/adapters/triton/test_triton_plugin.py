@@ -1,4 +1,4 @@
-"""The ``triton`` upstream kind registers through the core's plugin hook and builds the gateway."""
+"""The ``triton`` upstream kind registers through the transports' upstream hook and builds the gateway."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from typing import Any
 import pytest
 from starlette.applications import Starlette
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
-from eloquent_plugins.core.hooks.manager import create_plugin_manager, upstream_kinds
+from eloquent_plugins.core.hooks.manager import create_plugin_manager
+from eloquent_plugins.transports.upstream import upstream_kinds
 from eloquent_triton import plugin
 
 

@@ -36,7 +36,7 @@ import pytest
 from eloquent_client import ClientEvent, EloquentClient
 from eloquent_triton.gateway import create_triton_gateway
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.sim.netem import PathConfig
 from eloquent_plugins.sim.udp_relay import RelayConfig, start_relay
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware

@@ -7,7 +7,7 @@ import asyncio
 
 from eloquent_client import EloquentClient
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.h3glue import congestion_window, pending_datagram_bytes
 from eloquent_plugins.sim.netem import LossSchedule, PathConfig

@@ -30,7 +30,7 @@ from aioquic.quic.events import HandshakeCompleted
 from eloquent_client import EloquentClient, Http3ClientConnection
 from eloquent_client.events import ClientError
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.h3glue import ALPN, GuardedQuicServer, aioquic_drift
 from eloquent_plugins.transports.http3 import FrontEndOptions, start_http3_server

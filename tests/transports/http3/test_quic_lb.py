@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from eloquent_client import EloquentClient
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.quic_lb import QuicLbConfig, decode, parse_server_id
 from eloquent_plugins.engine import EngineConfig, create_engine_app

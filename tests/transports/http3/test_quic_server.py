@@ -15,7 +15,7 @@ from eloquent_client import (
     StreamFailed,
 )
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.core.hooks.specs import hookimpl
 from eloquent_plugins.core.limits import Limits

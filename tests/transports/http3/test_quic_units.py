@@ -8,9 +8,11 @@ import stat
 
 import pytest
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError, DecodeError, LimitExceeded
 from eloquent_plugins.core.events import EventKind, StreamEvent
+from eloquent_plugins.core.keepalive import KeepAlivePolicy
+from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.transports.http3 import (
     ControlParser,
     DatagramQueue,
@@ -99,9 +101,9 @@ def test_scheme_selection() -> None:
     assert scheme_for([(b"eloquent-scheme", b"duplicate")]) is Scheme.STREAM  # datagrams were not asked for
     with pytest.raises(UnknownScheme):
         scheme_for([(b"eloquent-transport", b"datagram"), (b"eloquent-scheme", b"smoke")])
-    dup = sender_config_for(Scheme.DUPLICATE, StreamConfig(keepalive=5))
+    dup = sender_config_for(Scheme.DUPLICATE, limits=Limits(), keepalive=KeepAlivePolicy(5))
     assert (dup.carry_unacked, dup.copies, dup.keepalive.interval) == (False, 2, 5)
-    assert sender_config_for(Scheme.ELOQUENT, StreamConfig()).carry_unacked
+    assert sender_config_for(Scheme.ELOQUENT, limits=Limits(), keepalive=KeepAlivePolicy()).carry_unacked
 
 
 def test_dev_certificate_is_cached_and_renewed(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

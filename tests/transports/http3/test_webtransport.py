@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 from eloquent_plugins.cli.app_factory import build_app
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.events import EventKind
 from eloquent_plugins.core.hooks.manager import create_plugin_manager
 from eloquent_plugins.transports.http3 import FrontEndOptions, Http3Server, start_http3_server

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 from tests.support.chaos import CUTS, STREAMS, expected_texts, run_chaos

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.transports.resume import create_store
 from eloquent_plugins.transports.resume.base import StreamMeta

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.keepalive import KeepAlivePolicy
 from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.transports.metrics import StreamMetrics

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import redis.exceptions
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import EloquentError
 from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.transports.request_timeouts import header_timeout_protocol

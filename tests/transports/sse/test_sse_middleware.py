@@ -15,7 +15,7 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from eloquent_client.sse import SSEStreamError, stream_sse
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.core.hooks.specs import hookimpl
 from eloquent_plugins.core.hooks.manager import create_plugin_manager

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from eloquent_plugins.core.config import StreamConfig
+from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.keepalive import KeepAlivePolicy
 from eloquent_plugins.transports.metrics import StreamMetrics
 from eloquent_plugins.transports.resume.base import StreamMeta

@@ -1,4 +1,9 @@
-"""Settings shared by every transport, adapter and CLI subcommand, readable from ``ELOQUENT_*`` variables."""
+"""Server and deployment settings, read from ``ELOQUENT_*`` variables (CLI flag > env var > default).
+
+``StreamConfig`` and the flag-name helpers are shared by the transports, the adapters and the CLI, which is why
+they live here and not in the core: the core's state machines take their own small configs (``Limits``,
+``KeepAlivePolicy``, ``SenderConfig``), so they never see a deployment setting they do not use.
+"""
 
 from __future__ import annotations
 
