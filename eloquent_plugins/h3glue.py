@@ -248,7 +248,7 @@ class H3Protocol(QuicConnectionProtocol):
 # WebTransport over HTTP/3 (draft-ietf-webtrans-http3) settings of the drafts after draft-02, which aioquic 1.7.2
 # does not know (aioquic issue 644). Each engine looks for its own: Chromium accepts draft-02's
 # ENABLE_WEBTRANSPORT, Safari 26.4+ needs draft-13/14's WT_MAX_SESSIONS (and, as a draft-15 peer, the initial
-# flow-control limits, else it may open no stream). tests/test_webtransport_settings.py pins them.
+# flow-control limits, else it may open no stream). tests/transports/http3/test_webtransport_settings.py pins them.
 SETTINGS_WEBTRANSPORT_MAX_SESSIONS_DRAFT07 = 0xC671706A
 """draft-07 to -12: ``SETTINGS_WEBTRANSPORT_MAX_SESSIONS``."""
 SETTINGS_WT_MAX_SESSIONS = 0x14E9CD29
@@ -342,7 +342,7 @@ RETRY_MODES = ("auto", "always", "off")
 
 _UPSTREAM: dict[str, tuple[Any, str]] = {
     # What GuardedQuicServer copies from or relies on in aioquic, with the sha256 prefix of its source in 1.7.2;
-    # ``aioquic_drift()`` (asserted empty by tests/test_quic_flood.py) names any that changed since.
+    # ``aioquic_drift()`` (asserted empty by tests/transports/http3/test_quic_flood.py) names any that changed since.
     "QuicServer.__init__": (QuicServer.__init__, "3850146a41ca75b6"),
     "QuicServer.datagram_received": (QuicServer.datagram_received, "4440e39aaa1eeeb5"),
     "QuicServer._connection_id_issued": (QuicServer._connection_id_issued, "c971cc2375672b83"),

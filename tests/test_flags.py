@@ -109,8 +109,8 @@ def vllm_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     for name in [k for k in os.environ if k.startswith("ELOQUENT_")]:
         monkeypatch.delenv(name)
     # Stand-ins the hook imports instead of the real middleware and front end (nothing is started here).
-    monkeypatch.setenv(SSE_MIDDLEWARE_ENV, "tests.test_vllm_adapter:StampMiddleware")
-    monkeypatch.setenv(HTTP3_SERVER_ENV, "tests.test_vllm_adapter:start_fake_http3")
+    monkeypatch.setenv(SSE_MIDDLEWARE_ENV, "tests.adapters.vllm.test_vllm_adapter:StampMiddleware")
+    monkeypatch.setenv(HTTP3_SERVER_ENV, "tests.adapters.vllm.test_vllm_adapter:start_fake_http3")
     yield monkeypatch
 
 

@@ -2,7 +2,7 @@
 
 Why at parse time: argparse then answers ``eloquent <command>: error: argument --x: expected ...`` with exit 2,
 naming the option. Checked later, a bad number surfaced as a traceback from deep inside (``--tpot nan``), or was
-taken silently (``--keepalive nan`` turned keep-alive off: NaN passes a ``< 0`` test). ``tests/test_cli_numbers.py``
+taken silently (``--keepalive nan`` turned keep-alive off: NaN passes a ``< 0`` test). ``tests/cli/test_cli_numbers.py``
 walks every numeric option of every command and fails on one that is not typed with these.
 """
 
@@ -38,7 +38,7 @@ def number(parse: Callable[[str], _N], what: str, *, low: float = 0, low_open: b
         return value
 
     convert.__name__ = what  # what argparse calls the type in its own messages
-    convert.number_type = True  # type: ignore[attr-defined]  # the marker tests/test_cli_numbers.py looks for
+    convert.number_type = True  # type: ignore[attr-defined]  # the marker tests/cli/test_cli_numbers.py looks for
     return convert
 
 

@@ -1,4 +1,4 @@
-"""``eloquent serve`` for the client tests (tests/test_client_*.py): TCP and HTTP/3 on *different* port numbers
+"""``eloquent serve`` for the client tests (tests/client/): TCP and HTTP/3 on *different* port numbers
 (so a client finds the UDP port only from ``Alt-Svc`` or ``h3_port``), with a certificate directory of its own."""
 
 from __future__ import annotations

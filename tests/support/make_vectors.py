@@ -3,7 +3,7 @@
 
 Every expected value here comes from the Python reference (varints, packets, deltas, a sender and receiver under
 scripted loss, the assembler with control records, the SSE parser, the codecs, event ids), so tests/js/ checks the
-JS port byte for byte against it, and tests/test_js_client.py regenerates the files to catch drift.
+JS port byte for byte against it, and tests/client/test_js_client.py regenerates the files to catch drift.
 
     python tests/support/make_vectors.py [OUT_DIR]   (default: tests/vectors)
 """

@@ -1,7 +1,7 @@
 """The memory budget of one middleware's streams (``StreamConfig.max_held_bytes``).
 
 What is counted, so that the figure is what the process holds for its streams (measured with ``eloquent
-serve``, ``tests/test_hostile_load.py``), not only their payload:
+serve``, ``tests/transports/test_hostile_load.py``), not only their payload:
 
 * the frames every live stream log holds (replay history and events queued for clients), each with its object
   overhead (``FRAME_OVERHEAD``: a 250-byte event costs ~300 bytes of memory);
@@ -60,7 +60,7 @@ HIGH_WATER = 0.75
 """Shedding (steps 1-3) starts at this fraction of the budget. The margin above it is for what the process holds
 beyond the count: the allocator keeps the high-water mark of what was allocated (memory freed by shedding is
 reused, not returned), and engines produce up to a tick's worth before the next look (with 500 never-reading
-clients the server's RSS ran 10-20 MiB past the count at 90%, ``tests/test_hostile_load.py``)."""
+clients the server's RSS ran 10-20 MiB past the count at 90%, ``tests/transports/test_hostile_load.py``)."""
 LOW_WATER = 0.65
 """Shedding frees down to this fraction of the budget, so that it does not run again at the next event."""
 CUT_FLOOR = 16 << 10
@@ -71,7 +71,7 @@ rounding, the log list's slot."""
 STREAM_RESERVE = 48 << 10
 """Memory a live stream takes besides its log: uvicorn's protocol and h11 state, the middleware's and the app's
 tasks and objects (measured under ``eloquent serve`` with the built-in engine: 44-52 KiB per never-reading stream,
-``tests/test_hostile_load.py``'s scenario). A stream given up in step 3 stops counting it: it is on its way out."""
+``tests/transports/test_hostile_load.py``'s scenario). A stream given up in step 3 stops counting it: it is on its way out."""
 TIGHT_FOR = 10.0
 """Seconds memory counts as tight after the budget last had to shed (``client_cut``)."""
 RELEASE_AFTER = 0.05
@@ -249,7 +249,7 @@ class StreamBudget:
         ``LOW_WATER``, or the budget had to shed within ``TIGHT_FOR`` seconds) its stream is given up now, as in
         step 3, not at the next tick: when 500 clients that never read were cut at once, their engines caught up
         on what they had been held back from and the total jumped by a sixth of the budget within one tick
-        (``tests/test_hostile_load.py``)."""
+        (``tests/transports/test_hostile_load.py``)."""
         entry = self.live.get(stream_log)
         if entry is None or not self.limit or not self._sheddable(entry):
             return
@@ -308,7 +308,7 @@ class StreamBudget:
         Python's collector reaches late under load (measured: ~24 KiB per stream), and the buffers of aborted
         connections stay in the C heap unless it is trimmed (glibc's ``malloc_trim``). Without this the
         process's memory ran ~20 MiB past what the budget counted when 500 clients that never read were cut at
-        once, and stayed there (``tests/test_hostile_load.py``). Only after the budget had to shed (a server far
+        once, and stayed there (``tests/transports/test_hostile_load.py``). Only after the budget had to shed (a server far
         from its budget never pauses for this), and at most ``COLLECT_SHARE`` of the time."""
         if not self._pressed or self._freed < self.limit * RELEASE_AFTER:
             if not self.live or not self._pressed:

@@ -193,7 +193,7 @@ class Connection:
         case (a plain producer, a one-``data:``-line chunk, this connection the log's only listener) is
         ``Producer._event``, ``StreamLog.append`` and ``Histogram.observe`` written out here (``bench_cost
         --opcodes`` counts what is left per event): on a busy server each call is code and
-        data the caches lost since the stream's previous event (issue 16; ``tests/test_sse_producer.py`` holds
+        data the caches lost since the stream's previous event (issue 16; ``tests/transports/sse/test_sse_producer.py`` holds
         it to the general path's frames and figures). The producer's task is looked up once per connection (an
         ASGI app sends one response body from one task; ``asyncio.current_task`` is slow in Python 3.11)."""
         producer: Producer = self.producer  # type: ignore[assignment]  # set for every connection that gets here

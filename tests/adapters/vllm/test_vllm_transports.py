@@ -10,7 +10,7 @@ request has to wait in vLLM's queue while a first one runs:
 
 They run from the separate vLLM venv (``.ci/install-vllm.sh``, or ``$ELOQUENT_VLLM_VENV``) and serve the tiny
 random model of ``tests/support/tiny_model.py``. A missing venv or a server that does not come up FAILS the
-module; nothing is skipped. See ``tests/test_vllm_plumbing.py`` for the flags and injection themselves.
+module; nothing is skipped. See ``tests/adapters/vllm/test_vllm_plumbing.py`` for the flags and injection themselves.
 """
 
 from __future__ import annotations

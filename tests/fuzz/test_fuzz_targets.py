@@ -20,7 +20,7 @@ from eloquent_plugins.core.receiver import EloquentReceiver
 from eloquent_plugins.core.sender import EloquentSender
 from eloquent_plugins.core.sse_reader import SSEParser
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FUZZ = ROOT / "fuzz"
 CRASHES = FUZZ / "crashes"
 TARGETS = ["wire", "sender_acks", "receiver", "sse_parser", "requests", "resume_ids"]

@@ -10,7 +10,7 @@ stream completes with exactly the uncut answer, and no new stream is refused by 
 
 New streams during a drain go over TCP, where nginx retries a refusal on the other replica. Over UDP nginx cannot;
 a new HTTP/3 stream that reaches the draining replica gets GOAWAY and a 503 ``draining``, which the client takes to
-a new QUIC connection (``tests/test_drain.py``); through nginx that is a new session hashed on the client's port,
+a new QUIC connection (``tests/transports/test_drain.py``); through nginx that is a new session hashed on the client's port,
 so it reaches the other replica only with some probability per try, which this test does not rely on.
 """
 

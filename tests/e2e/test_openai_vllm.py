@@ -27,7 +27,7 @@ from eloquent_client.sse import stream_sse
 from tests.support.cutproxy import CutPlan, CutProxy
 from tests.support.servers import eloquent_serve, nginx
 from tests.support.vllm import HANG_GUARD_S, VLLM_ENTRY, VllmServer, build_tiny_model, launch, serving
-from tests.test_vllm_transports import SlotHolder
+from tests.adapters.vllm.test_vllm_transports import SlotHolder
 
 pytestmark = pytest.mark.vllm
 

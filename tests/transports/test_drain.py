@@ -3,7 +3,7 @@ the first refusal; a new stream gets ``503`` + ``Retry-After`` with a JSON body;
 receiving events until ``--drain-timeout``, is then handed over (its Redis copy holds every event the client got,
 no end marker, the producer's heartbeat dropped at once rather than lapsing) and cut, and the replica exits 0.
 A resume on the other replica then reads the rest of what Redis holds and the generation migrates there
-(tests/test_migration.py checks the spliced text whole): the stream goes on, ids continuing, nothing repeated.
+(tests/transports/test_migration.py checks the spliced text whole): the stream goes on, ids continuing, nothing repeated.
 Also the admin route's guard, in process."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ budget's count (frames with their objects, a reserve per stream, the server's un
 history, then the streams of clients we cut that have not resumed, then the clients with most queued cut, then a
 503 with ``Retry-After`` for new streams), and the receive relay delivering a disconnect it decided itself to an
 app whose own read never returns (a cut client's engine request is aborted). The whole thing under load:
-``tests/test_hostile_load.py``."""
+``tests/transports/test_hostile_load.py``."""
 
 from __future__ import annotations
 

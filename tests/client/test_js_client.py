@@ -20,7 +20,7 @@ import pytest
 from tests.support.make_vectors import write_vectors
 from tests.support.servers import eloquent_serve
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VECTORS = ROOT / "tests" / "vectors"
 MIN_NODE = 20
 

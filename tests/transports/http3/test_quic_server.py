@@ -146,7 +146,7 @@ async def test_oversized_event_ends_the_stream_with_an_in_band_error() -> None:
     config = StreamConfig(limits=Limits(max_event_bytes=1000))
     srv = await start_http3_server(app, host="127.0.0.1", port=0, config=config)
     try:
-        # An OpenAI route: the in-band error takes the route codec's shape (tests/test_quic_codec_errors.py).
+        # An OpenAI route: the in-band error takes the route codec's shape (tests/transports/http3/test_quic_codec_errors.py).
         async with EloquentClient(url(srv), verify=False) as client, \
                 client.stream("POST", "/v1/completions", json={}) as s:
             events = [e async for e in s.events()]

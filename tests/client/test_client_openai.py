@@ -29,7 +29,7 @@ from eloquent_plugins.sim.netem import PathConfig
 from eloquent_plugins.sim.udp_relay import Relay, RelayConfig, start_relay
 from tests.support.client_servers import CHAT, MODEL, Served, chat_body, eloquent_serve
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LOSSY = PathConfig(loss=0.10, burst=2.0, delay=0.005)
 import openai  # noqa: E402
 

@@ -21,7 +21,7 @@ import pytest
 from eloquent_plugins.cli.bench.procs import free_port
 from eloquent_plugins.cli.optional import EXTRAS, extra_for, needs_extra
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def eloquent(*args: str, block: tuple[str, ...] = (), timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -5,7 +5,7 @@ same hash). A stream is produced on one replica; the client reads it through ngi
 with exactly the uncut text, each event once -- on the SSE path and on the HTTP/3 datagram path.
 
 Why the producer is not the replica killed: a stream's engine request lives in the replica that produces it, so a
-producer that dies ends its streams uncompleted everywhere (``tests/test_faults.py``, docs/DEPLOY.md); what a
+producer that dies ends its streams uncompleted everywhere (``tests/transports/test_faults.py``, docs/DEPLOY.md); what a
 second replica and the shared store survive is the death of the replica a client *reads* through.
 """
 

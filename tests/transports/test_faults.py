@@ -93,7 +93,7 @@ async def sse_post(client: httpx.AsyncClient, body: Any, **headers: str) -> tupl
 
 # --- 1. The engine dies mid-stream -----------------------------------------------------------------------------
 #
-# Over SSE this is already shown by tests/test_sse_middleware.py::test_engine_error_after_200_is_an_in_band_openai_error
+# Over SSE this is already shown by tests/transports/sse/test_sse_middleware.py::test_engine_error_after_200_is_an_in_band_openai_error
 # (OpenAI error event then [DONE], the stream ends cleanly, a Last-Event-ID resume replays the error, the openai
 # SDK raises APIError) and ::test_engine_error_in_tgi_and_triton_formats (TGI and Triton formats). What is
 # missing is HTTP/3: below, the same engine behind the middleware, served by the HTTP/3 front end.
@@ -313,7 +313,7 @@ async def test_restart_with_redis_store_resumes_on_the_new_instance() -> None:
 async def test_producer_replica_crash_ends_a_resume_on_another_replica_instead_of_hanging() -> None:
     """A replica dies mid-stream (SIGKILL, no end marker written): a resume on another replica must not wait for
     the keys to expire (minutes); the producer's heartbeat lapses and, with migration off (with it on the answer
-    is continued there: tests/test_migration.py), the body ends uncompleted."""
+    is continued there: tests/transports/test_migration.py), the body ends uncompleted."""
     from eloquent_plugins.transports.resume.redis_store import HEARTBEAT_TTL, RedisStore
 
     async def scenario() -> None:
@@ -330,7 +330,7 @@ async def test_producer_replica_crash_ends_a_resume_on_another_replica_instead_o
                                 break
                 # Killed once Redis holds what the client has: the resume starts, then the heartbeat lapses. (Killed
                 # earlier, the resume names an event Redis never got and is refused with 410 before any body:
-                # RedisSource._await_sent, tests/test_sse_edges.py. Under load the mirror can be that far behind.)
+                # RedisSource._await_sent, tests/transports/sse/test_sse_edges.py. Under load the mirror can be that far behind.)
                 store = RedisStore(redis.url)
                 try:
                     deadline = time.monotonic() + 10

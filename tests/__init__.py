@@ -1,0 +1,1 @@
+"""Test modules; a package so that pytest imports them by their dotted path (tests.<folder>.<module>)."""
