@@ -22,6 +22,7 @@ from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.transports.resume import MemoryStore, ResumeStore, create_store
 from eloquent_plugins.transports.resume.hooks import add_resume_hookspecs, plugin_store_factories
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+from eloquent_plugins.transports.upstream import add_upstream_hookspecs, upstream_kinds
 
 PLUGIN = '''
 """Test plugin: records every hook call into the file named by $EVENT_LOG."""
@@ -127,6 +128,10 @@ def test_the_core_manager_knows_no_transport_hooks() -> None:
     assert plugin_store_factories(pm) == []  # adds the resume hookspec
     assert pm.hook.eloquent_register_resume_stores.has_spec()
     add_resume_hookspecs(pm)  # a second time is harmless
+    assert getattr(pm.hook, "eloquent_register_upstreams", None) is None, "upstream kinds are the transports' own"
+    assert upstream_kinds(pm) == {}  # adds the upstream hookspec; no adapter registered here
+    assert pm.hook.eloquent_register_upstreams.has_spec()
+    add_upstream_hookspecs(pm)  # a second time is harmless
 
 
 def test_a_plugin_store_replaces_the_builtin_one_for_its_scheme_only() -> None:
