@@ -12,30 +12,22 @@ export class EloquentError extends Error {
     this.name = new.target.name;
   }
 }
-/** The peer broke the wire protocol; `code` is what a transport reports when it closes. */
+/** The peer broke the wire protocol; `code` (the class's CODE) is what a transport reports when it closes. */
 export class ProtocolError extends EloquentError {
+  static CODE = 0x1;
   constructor(message, options) {
     super(message, options);
-    this.code = 0x1;
+    this.code = new.target.CODE;
   }
 }
 export class DecodeError extends ProtocolError {
-  constructor(message, options) {
-    super(message, options);
-    this.code = 0x2;
-  }
+  static CODE = 0x2;
 }
 export class LimitExceeded extends ProtocolError {
-  constructor(message, options) {
-    super(message, options);
-    this.code = 0x3;
-  }
+  static CODE = 0x3;
 }
 export class ProtocolViolation extends ProtocolError {
-  constructor(message, options) {
-    super(message, options);
-    this.code = 0x4;
-  }
+  static CODE = 0x4;
 }
 export class ConfigError extends EloquentError {}
 export class InvalidArgument extends EloquentError {}
