@@ -25,7 +25,6 @@ export function parseEventId(value) {
   if (!(/^[0-9]+$/.test(index) || index === "-1") || index.length > 18) {
     throw new BadEventId("Last-Event-ID has a malformed event index");
   }
-
   return { token, after: Number(index) };
 }
 /** The resume point an event id names, or null (not one of ours, or before the first event). */
