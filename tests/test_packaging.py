@@ -78,6 +78,14 @@ def test_wheel_has_license_and_type_markers(wheel: Path) -> None:
         assert f"Provides-Extra: {extra}" in metadata
 
 
+def test_wheel_ships_every_module_of_the_javascript_client(wheel: Path) -> None:
+    """The client is ES modules that import one another (eloquent_plugins/static): one left out breaks them all."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    static = sorted(p.name for p in (ROOT / "eloquent_plugins" / "static").iterdir() if p.suffix in (".js", ".html"))
+    assert len(static) > 15 and "eloquent.js" in static and "wire.js" in static
+    assert [n for n in static if f"eloquent_plugins/static/{n}" not in names] == []
+
+
 def test_client_extra_has_the_sdk_and_nothing_of_the_server(wheel: Path) -> None:
     """``[client]``: what a client developer needs beside the client (the openai SDK on httpx2, httpx-sse), no
     server-side package (issue 26); the required set carries httpx2, which the httpx transports serve."""

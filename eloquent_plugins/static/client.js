@@ -1,4 +1,4 @@
-// The entry module, served at /eloquent/client.js: the client (eloquent.js) and eloquentFetch (fetch.js), which
-// builds on it. Two modules so that eloquentFetch imports the client without a cycle; one entry for pages.
+// The page's entry module, served at /eloquent/client.js: the client's public API (eloquent.js, which re-exports
+// the modules beside it) and eloquentFetch (fetch.js). Pages import this one file; the browser fetches the rest.
 export * from "./eloquent.js";
 export * from "./fetch.js";

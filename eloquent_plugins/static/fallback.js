@@ -1,7 +1,8 @@
 /*
  * Why a stream went over SSE instead of WebTransport datagrams: one reason code and a sentence for each fallback,
  * so the page, the response (`eloquent-fallback` header, `response.eloquent.fallback`) and the console can say it.
- * A leaf module (imports nothing): eloquent.js and fetch.js both use it. docs/BROWSER.md lists when each happens.
+ * A leaf module (imports nothing): webtransport.js, eloquent_client.js and fetch.js use it. docs/BROWSER.md lists
+ * when each happens.
  */
 
 /** The reason codes, as sent in the `eloquent-fallback` response header. */

@@ -10,17 +10,18 @@
  * stream could not use WebTransport, `eloquent-fallback: <reason>` (fallback.js); `response.eloquent` has the
  * same live: `{delivery, fallback, fellBack, headers, stream}`. Each fallback is also logged (`log` option).
  *
- * Imports eloquent.js, which re-exports this module: nothing of it is touched before the first call.
+ * Imports the modules it needs, not the entry (client.js re-exports both this module and eloquent.js).
  */
-import { EloquentClient, HTTPStatusError, formatEventId } from "./eloquent.js";
+import { EloquentClient } from "./eloquent_client.js";
+import { HTTPStatusError } from "./errors.js";
 import { FALLBACK_HEADER } from "./fallback.js";
+import { TRANSPORT_HEADER, formatEventId } from "./protocol.js";
 
 export const DELIVERY_HEADER = "eloquent-delivery";
 
 const DROP_REQUEST = new Set(["host", "content-length", "connection", "transfer-encoding", "accept-encoding",
   "keep-alive", "upgrade"]);
 const DROP_RESPONSE = new Set(["content-length", "content-encoding", "transfer-encoding", "connection"]);
-const TRANSPORT_HEADER = "eloquent-transport";
 
 /** Is this request a stream (the Python transports' rule: `stream: true` in a JSON POST, or Accept: SSE)? */
 export function isStreaming(method, headers, body) {

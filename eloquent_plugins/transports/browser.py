@@ -1,8 +1,8 @@
 """What a browser page needs from the server, as an ASGI wrapper around the served app (docs/BROWSER.md):
 
 - ``GET /eloquent/client.js``: the JavaScript client's entry module (package data ``eloquent_plugins/static/``:
-  ``client.js`` re-exports ``eloquent.js``, the client, and ``fetch.js``, ``eloquentFetch``), and the modules it
-  imports beside it (``/eloquent/eloquent.js``, ``/eloquent/fetch.js``, ``/eloquent/fallback.js``);
+  ``client.js`` re-exports ``eloquent.js``, the client's API, and ``fetch.js``, ``eloquentFetch``), and the modules
+  they import beside it (``/eloquent/<name>.js`` for each of ``CLIENT_MODULES``: one per core module it mirrors);
 - ``GET /eloquent/cert-hash``: ``{"algorithm": "sha-256", "value": <base64>}``, the SHA-256 of the HTTP/3 front
   end's certificate, for WebTransport's ``serverCertificateHashes``. Only for a certificate browsers accept that
   way (ECDSA P-256, at most 14 days: the development one); otherwise 404 and the page uses the system's trust;
@@ -25,10 +25,16 @@ from eloquent_plugins.transports.http3.certs import cert_hash_document, configur
 log = logging.getLogger("eloquent_plugins.transports.browser")
 
 CLIENT_PATH = "/eloquent/client.js"
-MODULES = {CLIENT_PATH: "client.js", "/eloquent/eloquent.js": "eloquent.js", "/eloquent/fetch.js": "fetch.js",
-           "/eloquent/fallback.js": "fallback.js"}
-"""The client's ES modules by path. client.js, the entry, re-exports eloquent.js and fetch.js; they import each
-other relatively (``./eloquent.js``), so each is one module instance however a page reaches it."""
+CLIENT_MODULES = (
+    "client.js", "eloquent.js", "fetch.js", "fallback.js",  # the entries, eloquentFetch, why a stream fell back
+    "errors.js", "events.js", "protocol.js", "limits.js", "bytes.js", "varint.js", "wire.js", "delta.js",
+    "sha256.js", "control.js", "receiver.js", "assembler.js", "sse_reader.js", "codecs.js",  # the core's mirrors
+    "client_events.js", "http.js", "sse.js", "webtransport.js", "response.js", "eloquent_client.js",  # the client
+)
+"""Every ES module of ``eloquent_plugins/static/`` (tests/test_webtransport.py checks the list against the folder)."""
+MODULES = {f"/eloquent/{name}": name for name in CLIENT_MODULES}
+"""The client's ES modules by path. client.js, the entry, re-exports eloquent.js and fetch.js; the modules import
+each other relatively (``./wire.js``), so each is one module instance however a page reaches it."""
 CERT_HASH_PATH = "/eloquent/cert-hash"
 CHAT_PATH = "/chat"
 _STATIC = Path(__file__).resolve().parents[1] / "static"

@@ -1,4 +1,4 @@
-"""The JavaScript client (eloquent_plugins/static/eloquent.js, re-exported by client/js/eloquent.js).
+"""The JavaScript client (eloquent_plugins/static/*.js, entry eloquent.js; client/js/eloquent.js re-exports it).
 
 Its tests are node's (tests/js/*.test.mjs); they run from here so that CI's pytest covers them, and fail loudly
 where node is missing. The wire vectors they check the JS port against are regenerated here from the Python core,
@@ -63,8 +63,9 @@ def test_node_tests_pass_against_vectors_and_a_real_server() -> None:
 
 def test_the_package_ships_the_one_copy_of_the_client() -> None:
     static = files("eloquent_plugins") / "static"
-    shipped = static / "eloquent.js"
-    assert shipped.is_file() and "export class EloquentClient" in shipped.read_text(encoding="utf-8")
+    shipped = static / "eloquent.js"  # the entry: it re-exports the modules beside it (tests/js/modules.test.mjs)
+    assert shipped.is_file() and 'from "./eloquent_client.js"' in shipped.read_text(encoding="utf-8")
+    assert "export class EloquentClient" in (static / "eloquent_client.js").read_text(encoding="utf-8")
     entry = (static / "client.js").read_text(encoding="utf-8")  # /eloquent/client.js: the client and eloquentFetch
     assert 'from "./eloquent.js"' in entry and 'from "./fetch.js"' in entry
     assert "export function createEloquentFetch" in (static / "fetch.js").read_text(encoding="utf-8")

@@ -10,6 +10,7 @@ import base64
 import datetime
 import hashlib
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -22,6 +23,7 @@ from eloquent_plugins.cli.app_factory import build_app
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.events import EventKind
 from eloquent_plugins.core.hooks.manager import create_plugin_manager
+from eloquent_plugins.transports import browser
 from eloquent_plugins.transports.http3 import FrontEndOptions, Http3Server, start_http3_server
 from eloquent_plugins.transports.http3.certs import (
     dev_certificate,
@@ -237,12 +239,20 @@ async def test_cert_hash_client_js_and_chat_are_served(cache, tmp_path) -> None:
         js = await client.get("/eloquent/client.js")
         assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
         assert 'export * from "./eloquent.js"' in js.text and 'export * from "./fetch.js"' in js.text  # the entry
-        for module, marker in (("eloquent.js", "export class EloquentClient"),
+        for module, marker in (("eloquent.js", 'from "./eloquent_client.js"'),
+                               ("eloquent_client.js", "export class EloquentClient"),
+                               ("wire.js", "export function decodePacket"),
                                ("fetch.js", "export function createEloquentFetch"),
                                ("fallback.js", "export const FallbackReason")):
             served = await client.get(f"/eloquent/{module}")  # what the entry imports, beside it
             assert served.status_code == 200 and served.headers["content-type"].startswith("text/javascript")
             assert marker in served.text, module
+        static = Path(browser.__file__).resolve().parents[1] / "static"
+        assert sorted(browser.CLIENT_MODULES) == sorted(p.name for p in static.glob("*.js"))  # every module served
+        for module in browser.CLIENT_MODULES:
+            served = await client.get(f"/eloquent/{module}")
+            assert served.status_code == 200 and served.headers["content-type"].startswith("text/javascript"), module
+            assert served.headers["cache-control"] == "no-cache" and served.content == (static / module).read_bytes()
         page = await client.get("/chat")
         assert page.status_code == 200 and 'from "/eloquent/client.js"' in page.text
         assert (await client.get("/v1/models")).status_code == 200  # everything else reaches the app
