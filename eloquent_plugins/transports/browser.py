@@ -31,7 +31,7 @@ CLIENT_MODULES = (
     "sha256.js", "control.js", "receiver.js", "assembler.js", "sse_reader.js", "codecs.js",  # the core's mirrors
     "client_events.js", "http.js", "sse.js", "webtransport.js", "response.js", "eloquent_client.js",  # the client
 )
-"""Every ES module of ``eloquent_plugins/static/`` (tests/test_webtransport.py checks the list against the folder)."""
+"""Every ES module of ``eloquent_plugins/static/`` (tests/transports/http3/test_webtransport.py checks the list against the folder)."""
 MODULES = {f"/eloquent/{name}": name for name in CLIENT_MODULES}
 """The client's ES modules by path. client.js, the entry, re-exports eloquent.js and fetch.js; the modules import
 each other relatively (``./wire.js``), so each is one module instance however a page reaches it."""
