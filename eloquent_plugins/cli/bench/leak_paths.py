@@ -1,0 +1,206 @@
+"""``bench leak``'s two observed paths: SSE writes and Eloquent datagrams, as an observer of the connection sees them.
+
+**SSE**: the real ``EloquentMiddleware`` in process around an answer source (the built-in engine, or a replay of
+recorded vLLM answers, ``leak_vllm``); every body write the server is handed, sized and timed. **Datagrams**: the
+real ``EloquentSender`` with the padding in the simulator; every data datagram it sends, sized and timed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from eloquent_plugins.cli.bench.leak_attack import Observed
+from eloquent_plugins.core.limits import Limits
+from eloquent_plugins.core.padding import DATAGRAM_FLOOR, datagram_policy
+from eloquent_plugins.core.sse_reader import SSEParser
+from eloquent_plugins.core.stall import stall_metrics
+from eloquent_plugins.core.wire import DataPacket, decode_packet, encode_packet
+from eloquent_plugins.engine import create_engine_app
+from eloquent_plugins.engine.config import EngineConfig
+from eloquent_plugins.sim.run import StreamSeeds, run_eloquent
+from eloquent_plugins.sim.scenario import Scenario
+from eloquent_plugins.sim.timeline import Timeline, TokenModel, generate_timeline
+from eloquent_plugins.transports.config import StreamConfig
+from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+
+BUDGET = Limits().max_datagram_size
+"""The simulator's datagram budget (the sender's default ``Limits``)."""
+
+
+# ---- the answers ---------------------------------------------------------------------------------------------
+def answer_set(n: int, tokens: int) -> tuple[list[str], list[list[str]]]:
+    """``n`` prompts whose built-in engine answers (its passages, token by token) all differ."""
+    from eloquent_plugins.engine.core import Engine
+
+    engine = Engine()
+    prompts: list[str] = []
+    texts: list[list[str]] = []
+    for i in range(50 * n):
+        prompt = f"question {i}: tell me something"
+        words = [t.text for t in engine.tokens_for(prompt, max_tokens=tokens, seed=None)]
+        if words not in texts:
+            prompts.append(prompt)
+            texts.append(words)
+            if len(texts) == n:
+                return prompts, texts
+    raise SystemExit(f"the built-in engine has fewer than {n} different answers of {tokens} tokens")
+
+
+# ---- SSE: the real middleware in process --------------------------------------------------------------------
+def _scope() -> dict[str, Any]:
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
+            "root_path": "", "headers": [(b"host", b"bench"), (b"content-type", b"application/json")],
+            "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8000)}
+
+
+def _content_lengths(frame: bytes, parser: SSEParser) -> list[int]:
+    out = []
+    for message in parser.feed(frame):
+        if message.data.startswith("{"):
+            choices = json.loads(message.data).get("choices") or [{}]
+            content = (choices[0].get("delta") or {}).get("content")
+            if content:
+                out.append(len(content.encode()))
+    return out
+
+
+async def sse_stream(app: Any, prompt: str, tokens: int, answer: int) -> Observed:
+    """One request through ``app`` (``sse_app``): every body write the server would get, sized and timed."""
+    body = json.dumps({"model": "eloquent-builtin", "stream": True, "max_tokens": tokens,
+                       "messages": [{"role": "user", "content": prompt}]}).encode()
+    done = asyncio.Event()
+    sent = False
+    seen = Observed(answer)
+    truth = SSEParser()
+    loop = asyncio.get_running_loop()
+    out_events: list[float] = []
+    generated: list[float] = []
+    scope = _scope()
+    scope[_TIMES] = generated
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] != "http.response.body":
+            return
+        data = message.get("body", b"")
+        if not message.get("more_body", False):
+            done.set()
+        if not data:
+            return
+        now = loop.time()
+        lengths = _content_lengths(data, truth)
+        seen.sizes.append(len(data))
+        seen.times.append(now)
+        seen.token_lengths.append(lengths[0] if len(lengths) == 1 else None)
+        out_events.extend([now] * len(lengths))
+
+    await app(scope, receive, send)
+    done.set()
+    seen.latency = [o - g for o, g in zip(out_events, generated)]
+    return seen
+
+
+_TIMES = "eloquent.bench.generated"
+"""Scope key: the list the timed engine appends each content chunk's send time to (generation times)."""
+
+
+def sse_app(mode: str, tick: float, tpot: float, jitter: float) -> EloquentMiddleware:
+    """The built-in engine behind the middleware; the engine's content chunks are timed as they leave it."""
+    engine = create_engine_app(EngineConfig(ttft=0.0, tpot=tpot, tpot_jitter=jitter))
+
+    async def timed(scope: Any, receive: Any, send: Any) -> None:
+        mine: list[float] = scope.get(_TIMES, [])
+        loop = asyncio.get_running_loop()
+
+        async def timed_send(message: dict[str, Any]) -> None:
+            chunk = message.get("body", b"") if message["type"] == "http.response.body" else b""
+            if b'"content":"' in chunk and b'"content":""' not in chunk:  # a token (not the role chunk)
+                mine.append(loop.time())
+            await send(message)
+
+        await engine(scope, receive, timed_send)
+
+    return EloquentMiddleware(timed, StreamConfig(padding=mode, send_tick=tick, keepalive=0.0, resume=False))
+
+
+def observe_sse(mode: str, tick: float, prompts: list[str], texts: list[list[str]], runs: int, tokens: int,
+                tpot: float, jitter: float, concurrency: int,
+                progress: Callable[[str], None]) -> tuple[list[Observed], float, int]:
+    """Every answer ``runs`` times (run by run); also the CPU seconds per event and the padding bytes."""
+    app = sse_app(mode, tick, tpot, jitter)
+    asks = [(a, p) for _ in range(runs) for a, p in enumerate(prompts)]
+
+    async def main() -> list[Observed]:
+        out: list[Observed | None] = [None] * len(asks)
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(i: int, answer: int, prompt: str) -> None:
+            async with sem:
+                out[i] = await sse_stream(app, prompt, tokens, answer)
+
+        await asyncio.gather(*(one(i, a, p) for i, (a, p) in enumerate(asks)))
+        return [o for o in out if o is not None]
+
+    async def timed() -> tuple[list[Observed], float]:
+        await sse_stream(app, "warm-up", tokens, -1)  # imports, first-call caches: not per event
+        cpu = time.process_time()
+        result = await main()
+        return result, time.process_time() - cpu
+
+    result, cpu = asyncio.run(timed())
+    progress(f"sse {mode}{' tick' if tick else ''}: {len(result)} streams")
+    return result, cpu / max(1, len(asks) * tokens), app.metrics.padding_bytes
+
+
+# ---- datagrams: the real sender in the simulator -------------------------------------------------------------
+def timeline_for(texts: list[str], tpot: float, rng: random.Random) -> Timeline:
+    base = generate_timeline(TokenModel(tokens=len(texts), tpot=tpot), rng)
+    prefix = base.payloads[0].decode()
+    prefix = prefix[: prefix.index('"content":') + len('"content":')]
+    payloads = tuple((prefix + json.dumps(t) + '},"finish_reason":null}]}\n\n').encode() for t in texts)
+    return Timeline(base.times, tuple(texts), payloads, base.end_payload)
+
+
+def observe_datagrams(mode: str, texts: list[list[str]], runs: int, scenario: Scenario, seed: int,
+                      progress: Callable[[str], None], floor: int = DATAGRAM_FLOOR) -> tuple[list[Observed], float]:
+    policy = datagram_policy(mode, BUDGET, floor) if mode != "off" else None
+    out: list[Observed] = []
+    cpu = time.process_time()
+    for run in range(runs):
+        for answer, words in enumerate(texts):
+            rng = random.Random(f"{seed}/{run}/{answer}")
+            timeline = timeline_for(words, scenario.tpot_ms / 1000, rng)
+            seeds = StreamSeeds.derive(seed, run * len(texts) + answer)
+            seen = Observed(answer)
+            newest = -1
+
+            def observe(now: float, datagram: bytes) -> None:
+                nonlocal newest
+                packet = decode_packet(datagram)
+                seen.sizes.append(len(datagram))
+                seen.times.append(now)
+                top = packet.entries[-1].index if isinstance(packet, DataPacket) else -1
+                fresh = top == newest + 1 and top < len(words)
+                seen.token_lengths.append(len(words[top].encode()) if fresh else None)
+                newest = max(newest, top)
+                seen.raw_bytes += len(encode_packet(packet))  # the same packet without its padding
+
+            result = run_eloquent(scenario, timeline, seeds, None, padding=policy, observe=observe)
+            seen.stall = stall_metrics(result.generated, result.rendered, result.min_delay).stall_ratio
+            out.append(seen)
+    cpu = time.process_time() - cpu
+    progress(f"datagram {mode}: {len(out)} streams")
+    return out, cpu / max(1, runs * len(texts) * len(texts[0]))
