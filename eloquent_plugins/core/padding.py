@@ -176,13 +176,21 @@ def obfuscation_requested(body: bytes | bytearray) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
+REQUEST_HEAD_MAX = 1 << 20
+"""Request-body bytes a front end keeps to find ``include_obfuscation`` in (a longer body: its start only)."""
+
+
+def declined(codec: str, head: bytes | bytearray | None) -> bool:
+    """An OpenAI request that said ``stream_options.include_obfuscation: false``: its response is not padded, on
+    SSE and on datagrams alike (``head``: the request body's start; None: not kept)."""
+    return codec == "openai" and head is not None and obfuscation_requested(head) is False
+
+
 def response_padding(server: PaddingPolicy | None, codec: str, transport: str,
                      head: bytes | bytearray | None) -> PaddingPolicy | None:
     """The padding one SSE response gets: the server's ``--padding``, unless the HTTP/3 front end reads this
     response into datagrams (``transport`` ``eloquent``: they pad on their own) or an OpenAI request said
     ``stream_options.include_obfuscation: false`` (``head``: the request body's start)."""
-    if server is None or transport == "eloquent":
-        return None
-    if codec == "openai" and head is not None and obfuscation_requested(head) is False:
+    if server is None or transport == "eloquent" or declined(codec, head):
         return None
     return server

@@ -28,7 +28,7 @@ from eloquent_plugins.core.protocol import (
     TRANSPORT_HEADER,
 )
 from eloquent_plugins.core.response_stream import EloquentResponseStream
-from eloquent_plugins.core.padding import datagram_policy
+from eloquent_plugins.core.padding import REQUEST_HEAD_MAX, datagram_policy, declined
 from eloquent_plugins.core.scheme import Scheme, sender_config_for
 from eloquent_plugins.core.sse_reader import SSEParser
 from eloquent_plugins.core.sse_writer import format_event
@@ -99,6 +99,9 @@ class Request:
         self.keepalive: KeepAliveTimer | None = None
         self._keepalive_handle: asyncio.TimerHandle | None = None
         self._body_handle: asyncio.TimerHandle | None = None
+        self.body_head: bytearray | None = bytearray() if conn.state.config.padding != "off" else None
+        """With ``--padding`` on, the request body's first ``REQUEST_HEAD_MAX`` bytes: an OpenAI request's
+        ``stream_options.include_obfuscation: false`` turns the datagram padding off (``core.padding.declined``)."""
 
     @property
     def gone(self) -> bool:
@@ -141,6 +144,9 @@ class Request:
             return
         if ended:
             self.cancel_body_timer()
+        head = self.body_head
+        if head is not None and len(head) < REQUEST_HEAD_MAX:
+            head += data
         self.messages.put_nowait({"type": "http.request", "body": data, "more_body": not ended})
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -255,7 +261,7 @@ class Request:
         config = sender_config_for(self.scheme, limits=conn.limits, keepalive=conn.state.config.keepalive_policy)
         if conn.state.options.sender_redundancy is not None and self.scheme is Scheme.ELOQUENT:
             config = replace(config, redundancy=conn.state.options.sender_redundancy)
-        if conn.state.config.padding != "off":
+        if conn.state.config.padding != "off" and not declined(self.codec.name, self.body_head):
             config = replace(config, padding=datagram_policy(conn.state.config.padding, conn.limits.max_datagram_size))
         return EloquentResponseStream(
             self.stream_id, config, now=conn.loop.time(), fallback_after=conn.state.options.fallback_after,
