@@ -5,7 +5,8 @@ an observer every token's byte length (Whisper Leak, arXiv 2511.03675). A ``Padd
 write of ``n`` bytes goes out as:
 
 * ``off``: ``n`` (nothing added, nothing computed per event).
-* ``bucket``: the smallest size class (powers of two from ``floor``) at or above ``n``.
+* ``bucket``: the smallest size class (``floor`` and up, ``growth`` times apart: powers of two by default) at or
+  above ``n``.
 * ``constant``: a whole number of ``size``-byte units; SSE sends each unit as its own write and the datagram
   sender builds every datagram at exactly ``size`` bytes (splitting runs where needed).
 
@@ -29,8 +30,12 @@ SSE_FLOOR = 128
 """Smallest SSE size class: an OpenAI chunk is ~200-260 bytes, a TGI token event ~120."""
 SSE_CONSTANT = 256
 """SSE unit of ``constant``: one OpenAI chunk with its id line fits (a longer one takes two writes)."""
-DATAGRAM_FLOOR = 64
-"""Smallest datagram class: one delta-encoded token entry with the header is ~20-40 bytes."""
+DATAGRAM_FLOOR = 48
+"""Smallest datagram class: one delta-encoded token entry with the header is ~20-40 bytes. With ``DATAGRAM_GROWTH``
+the classes are 48, 72, 112, 168, 256, ... (``bench leak``: 1.20x the bytes on the wire and identification at
+1.0-1.6x chance, where powers of two from 64 cost 1.35x; docs/results/padding.md)."""
+DATAGRAM_GROWTH = 1.5
+"""Ratio between datagram ``bucket`` classes: a one- or two-token datagram wastes less than with doubling."""
 DATAGRAM_CONSTANT = 128
 """Datagram size of ``constant``: the run splits into datagrams of this size."""
 MIN_COMMENT = 2
@@ -52,6 +57,9 @@ class PaddingPolicy:
     """``constant``: the unit every write is a whole number of."""
     ceiling: int = _CEILING
     """``bucket``: the largest class (a datagram's budget); a larger write is sent as it is."""
+    growth: float = 2.0
+    """``bucket``: each class this many times the one below (rounded up to 8 bytes): 2 wastes up to half a write,
+    1.5 up to a third, and closer classes tell an observer more."""
     classes: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _comments: dict[int, bytes] = field(init=False, repr=False, compare=False, default_factory=dict)
     """Comment lines by length, built once each (lengths below ``_CACHED``): the SSE path pads every write."""
@@ -66,11 +74,13 @@ class PaddingPolicy:
             raise ConfigError(f"padding sizes must be at least 16 bytes (floor={self.floor}, size={self.size})")
         if self.ceiling < self.floor:
             raise ConfigError(f"padding ceiling {self.ceiling} is below its floor {self.floor}")
+        if not 1.1 <= self.growth <= 16:
+            raise ConfigError(f"padding class growth must be in [1.1, 16], got {self.growth}")
         classes = []
         c = self.floor
         while c < self.ceiling:
             classes.append(c)
-            c *= 2
+            c = -(-int(c * self.growth) // 8) * 8 if self.growth != 2.0 else c * 2
         classes.append(self.ceiling)
         object.__setattr__(self, "classes", tuple(classes))
 
@@ -145,11 +155,13 @@ def sse_policy(mode: str) -> PaddingPolicy:
     return PaddingPolicy(mode)  # type: ignore[arg-type]
 
 
-def datagram_policy(mode: str, budget: int, floor: int = DATAGRAM_FLOOR) -> PaddingPolicy:
+def datagram_policy(mode: str, budget: int, floor: int = DATAGRAM_FLOOR,
+                    growth: float = DATAGRAM_GROWTH) -> PaddingPolicy:
     """The policy of ``--padding MODE`` for datagrams of at most ``budget`` bytes (``floor``: the smallest
-    ``bucket`` class)."""
+    ``bucket`` class, ``growth``: the ratio between classes)."""
     floor = min(floor, budget)
-    return PaddingPolicy(mode, floor=floor, size=min(DATAGRAM_CONSTANT, budget), ceiling=budget)  # type: ignore[arg-type]
+    return PaddingPolicy(mode, floor=floor, size=min(DATAGRAM_CONSTANT, budget), ceiling=budget,  # type: ignore[arg-type]
+                         growth=growth)
 
 
 def parse_mode(text: str) -> PaddingMode:

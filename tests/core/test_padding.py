@@ -54,6 +54,14 @@ def test_bucket_rounds_up_to_powers_of_two_and_constant_to_whole_units() -> None
         StreamConfig(padding="lots")
 
 
+def test_datagram_classes_are_about_one_and_a_half_apart_up_to_the_budget() -> None:
+    assert datagram_policy("bucket", BUDGET).sizes() == (48, 72, 112, 168, 256, 384, 576, 864, BUDGET)
+    assert datagram_policy("bucket", BUDGET, 64, 2.0).sizes() == (64, 128, 256, 512, 1024, BUDGET)
+    assert datagram_policy("bucket", BUDGET).target(73) == 112
+    with pytest.raises(ConfigError, match="growth"):
+        PaddingPolicy("bucket", growth=1.0)
+
+
 @pytest.mark.parametrize("mode", ["bucket", "constant"])
 @pytest.mark.parametrize("n", [1, 20, 126, 127, 128, 255, 511, 512, 513, 1500])
 def test_sse_writes_take_the_classes_and_parse_as_the_event(mode: str, n: int) -> None:

@@ -22,15 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 from collections.abc import Callable
 from typing import Any
 
 from eloquent_plugins.cli import numbers
 from eloquent_plugins.cli.bench.leak_cost import TLS_RECORD, padding_cpu, sse_stall, summarize
-from eloquent_plugins.cli.bench.leak_paths import answer_set, observe_datagrams, observe_sse
+from eloquent_plugins.cli.bench.leak_paths import Source, builtin_source, observe_datagrams, observe_sse
 from eloquent_plugins.cli.flags import add_progress
-from eloquent_plugins.core.padding import DATAGRAM_FLOOR, MODES
+from eloquent_plugins.core.padding import DATAGRAM_FLOOR, DATAGRAM_GROWTH, MODES
 from eloquent_plugins.sim.link import QUIC_DATAGRAM_HEADER, TCP_HEADER
 from eloquent_plugins.sim.scenario import Scenario
 
@@ -53,9 +54,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also run the SSE path with --padding constant and this --send-tick (0: skip)")
     parser.add_argument("--datagram-floor", type=numbers.positive, default=DATAGRAM_FLOOR,
                         help=f"smallest datagram class of bucket padding ({DATAGRAM_FLOOR})")
+    parser.add_argument("--datagram-growth", type=float, default=DATAGRAM_GROWTH,
+                        help=f"ratio between datagram classes of bucket padding ({DATAGRAM_GROWTH:g})")
     parser.add_argument("--concurrency", type=numbers.positive, default=8, help="SSE streams at once (8)")
     parser.add_argument("--seed", type=numbers.seed, default=29)
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument("--vllm", metavar="MODEL", help="also record --answers x --runs answers of a real vLLM "
+                        "server on MODEL (started with --vllm-python) and run the attack on them")
+    parser.add_argument("--vllm-python", metavar="PATH", help="python of the vLLM venv for --vllm (default "
+                        "$ELOQUENT_VLLM_VENV/bin/python, else this python)")
+    parser.add_argument("--vllm-args", default="", help="extra vLLM flags, one string (e.g. '--max-model-len 4096')")
+    parser.add_argument("--vllm-temperature", type=numbers.fraction, default=0.0,
+                        help="sampling temperature of the recorded vLLM answers (0: each run the same text, so the "
+                        "runs differ in timing only); above 0 run k uses seed k")
+    parser.add_argument("--vllm-answers", metavar="PATH", help="with --vllm: also write the recorded answers here; "
+                        "without it: replay the answers recorded here (no vLLM needed)")
+    parser.add_argument("--vllm-startup-timeout", type=numbers.positive_seconds, default=900.0, help=argparse.SUPPRESS)
+    parser.add_argument("--no-builtin", action="store_true", help="skip the built-in engine's answers")
     add_progress(parser)
 
 
@@ -66,41 +81,21 @@ def run(args: argparse.Namespace) -> int:
     for m in modes:
         if m not in MODES:
             raise SystemExit(f"--modes: unknown padding mode {m!r} (choose from {', '.join(MODES)})")
+    if args.vllm_answers and not args.vllm and not os.path.exists(args.vllm_answers):
+        raise SystemExit(f"--vllm-answers: no recording at {args.vllm_answers} (record one with --vllm MODEL)")
     if args.runs < 2:
         raise SystemExit("--runs must be at least 2 (the attacker trains on the other runs)")
     show: Callable[[str], None] = (lambda line: print(line, flush=True)) if args.progress else (lambda line: None)
-    asked, texts = answer_set(args.answers, args.tokens)
     scenario = Scenario(loss=args.loss, rtt_ms=args.rtt * 1000, tpot_ms=args.tpot * 1000, tokens=args.tokens)
+    sources = [] if args.no_builtin else [
+        builtin_source(args.answers, args.tokens, args.sse_tpot, args.engine_jitter, args.tpot)]
+    if args.vllm or args.vllm_answers:
+        from eloquent_plugins.cli.bench.leak_vllm import vllm_source
+
+        sources.append(vllm_source(args, show))
     rows: list[dict[str, Any]] = []
-    plain: dict[str, int] = {}
-    frame = b'id: tok:12\ndata: {"id":"chatcmpl-x","object":"chat.completion.chunk","choices":[{"delta":' \
-            b'{"content":" word"}}]}\n\n'
-    datagram = bytes(40)
-    variants = [(m, 0.0) for m in modes] + ([("constant", args.send_tick)] if args.send_tick else [])
-    if "sse" in paths:
-        for mode, tick in variants:
-            observed, cpu, padding = observe_sse(mode, tick, asked, texts, args.runs, args.tokens, args.sse_tpot,
-                                                 args.engine_jitter, args.concurrency, show)
-            stall = sse_stall(observed, scenario, texts, args.seed)
-            raw = sum(sum(o.sizes) for o in observed) - padding
-            if mode == "off":
-                plain["sse"] = sum(len(o.sizes) for o in observed)
-            row = summarize("sse", mode + (f"+tick {tick * 1000:g}ms" if tick else ""), observed, args.runs,
-                            args.answers, args.tokens, cpu, stall, raw, TLS_RECORD + TCP_HEADER,
-                            plain.get("sse"))
-            row["padding_ns_per_event"] = round(padding_cpu(mode, frame, datagram)[0])
-            rows.append(row)
-    if "datagram" in paths:
-        for mode in modes:
-            observed, cpu = observe_datagrams(mode, texts, args.runs, scenario, args.seed, show, args.datagram_floor)
-            stall = statistics.fmean(o.stall for o in observed)
-            raw = sum(o.raw_bytes for o in observed)
-            if mode == "off":
-                plain["datagram"] = raw
-            row = summarize("datagram", mode, observed, args.runs, args.answers, args.tokens, cpu, stall,
-                            plain.get("datagram", raw), QUIC_DATAGRAM_HEADER, None)
-            row["padding_ns_per_event"] = round(padding_cpu(mode, frame, datagram)[1])
-            rows.append(row)
+    for source in sources:
+        rows += measure(source, args, modes, paths, scenario, show)
     print_table(rows, args)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fp:
@@ -109,14 +104,56 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def measure(source: Source, args: argparse.Namespace, modes: list[str], paths: list[str], scenario: Scenario,
+            show: Callable[[str], None]) -> list[dict[str, Any]]:
+    """One row per path and mode for one answer source."""
+    rows: list[dict[str, Any]] = []
+    plain: dict[str, int] = {}
+    answers = len(source.prompts)
+    frame = b'id: tok:12\ndata: {"id":"chatcmpl-x","object":"chat.completion.chunk","choices":[{"delta":' \
+            b'{"content":" word"}}]}\n\n'
+    datagram = bytes(40)
+    variants = [(m, 0.0) for m in modes] + ([("constant", args.send_tick)] if args.send_tick else [])
+    if "sse" in paths:
+        for mode, tick in variants:
+            observed, cpu, padding = observe_sse(mode, tick, source, args.runs, args.tokens, args.concurrency, show)
+            stall = sse_stall(observed, scenario, source, args.seed)
+            raw = sum(sum(o.sizes) for o in observed) - padding
+            if mode == "off":
+                plain["sse"] = sum(len(o.sizes) for o in observed)
+            row = summarize("sse", mode + (f"+tick {tick * 1000:g}ms" if tick else ""), observed, args.runs,
+                            answers, args.tokens, cpu, stall, raw, TLS_RECORD + TCP_HEADER, plain.get("sse"))
+            row["padding_ns_per_event"] = round(padding_cpu(mode, frame, datagram)[0])
+            rows.append(row)
+    if "datagram" in paths:
+        for mode in modes:
+            observed, cpu = observe_datagrams(mode, source, args.runs, scenario, args.seed, show,
+                                              args.datagram_floor, args.datagram_growth)
+            stall = statistics.fmean(o.stall for o in observed)
+            raw = sum(o.raw_bytes for o in observed)
+            if mode == "off":
+                plain["datagram"] = raw
+            row = summarize("datagram", mode, observed, args.runs, answers, args.tokens, cpu, stall,
+                            plain.get("datagram", raw), QUIC_DATAGRAM_HEADER, None)
+            row["padding_ns_per_event"] = round(padding_cpu(mode, frame, datagram)[1])
+            rows.append(row)
+    for row in rows:
+        row["source"] = source.name
+    return rows
+
+
 def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    print(f"bench leak: {args.answers} answers x {args.runs} runs x {args.tokens} tokens; chance 1/{args.answers}"
-          f" = {1 / args.answers:.3f}; simulated loss {args.loss:g}, rtt {args.rtt * 1000:g} ms")
+    print(f"bench leak: {args.answers} answers x {args.runs} runs x {args.tokens} tokens; simulated loss "
+          f"{args.loss:g}, rtt {args.rtt * 1000:g} ms")
     head = (f"{'path':<9}{'mode':<22}{'len rec':>8}{'(base)':>8}{'id size':>8}{'xch':>6}{'id time':>8}{'xch':>6}"
             f"{'bytes':>7}{'wire':>7}"
             f"{'sizes':>6}{'stall':>8}{'cpu us/ev':>10}{'pad ns':>8}{'lat ms':>8}")
     print(head)
+    source = None
     for r in rows:
+        if r["source"] != source:
+            source = r["source"]
+            print(f"-- answers: {source} (chance {r['chance']:.3f})")
         lat = r["latency_ms_mean"]
         print(f"{r['path']:<9}{r['mode']:<22}{r['token_length_recovery']:>8.3f}{r['token_length_baseline']:>8.3f}"
               f"{r['identification_sizes']:>8.3f}{r['identification_sizes_x_chance']:>6.1f}"

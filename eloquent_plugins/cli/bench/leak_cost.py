@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from eloquent_plugins.cli.bench.leak_attack import Observed, identification, token_length_recovery
-from eloquent_plugins.cli.bench.leak_paths import BUDGET, timeline_for
+from eloquent_plugins.cli.bench.leak_paths import BUDGET, Source
 from eloquent_plugins.core.padding import datagram_policy, sse_policy
 from eloquent_plugins.core.stall import stall_metrics
 from eloquent_plugins.core.wire import pad_packet
@@ -20,13 +20,15 @@ TLS_RECORD = 22
 """TLS 1.3 per record: 5 header bytes, a content-type byte, a 16-byte tag (on top of the TCP/IP header)."""
 
 
-def sse_stall(observed: list[Observed], scenario: Scenario, texts: list[list[str]], seed: int) -> float:
-    """Stall ratio of SSE over simulated TCP at the scenario's loss, each token's write as large as observed."""
+def sse_stall(observed: list[Observed], scenario: Scenario, source: Source, seed: int) -> float:
+    """Stall ratio of SSE over simulated TCP at the scenario's loss, each token's write as large as observed
+    (``observed`` run by run, as ``observe_sse`` returns them)."""
     ratios = []
+    answers = len(source.prompts)
     for i, obs in enumerate(observed):
-        sizes = [s for s, n in zip(obs.sizes, obs.token_lengths) if n is not None][: len(texts[obs.answer])]
         rng = random.Random(f"{seed}/tcp/{i}")
-        timeline = timeline_for(texts[obs.answer], scenario.tpot_ms / 1000, rng)
+        timeline = source.timeline(i // answers, obs.answer, rng)
+        sizes = [s for s, n in zip(obs.sizes, obs.token_lengths) if n is not None][: len(timeline.times)]
         if len(sizes) < len(timeline.times):
             sizes += [sizes[-1] if sizes else 256] * (len(timeline.times) - len(sizes))
         result = run_tcp(scenario, timeline, StreamSeeds.derive(seed, i), None, 1, "retransmission", sizes=sizes)

@@ -11,12 +11,13 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from eloquent_plugins.cli.bench.leak_attack import Observed
 from eloquent_plugins.core.limits import Limits
-from eloquent_plugins.core.padding import DATAGRAM_FLOOR, datagram_policy
+from eloquent_plugins.core.padding import DATAGRAM_FLOOR, DATAGRAM_GROWTH, datagram_policy
 from eloquent_plugins.core.sse_reader import SSEParser
 from eloquent_plugins.core.stall import stall_metrics
 from eloquent_plugins.core.wire import DataPacket, decode_packet, encode_packet
@@ -51,6 +52,34 @@ def answer_set(n: int, tokens: int) -> tuple[list[str], list[list[str]]]:
     raise SystemExit(f"the built-in engine has fewer than {n} different answers of {tokens} tokens")
 
 
+App = Callable[[Any, Any, Any], Awaitable[None]]
+"""An ASGI app."""
+
+
+@dataclass
+class Source:
+    """Where the answers come from: the built-in engine's passages (``builtin_source``) or a real vLLM server's
+    answers, recorded and replayed (``leak_vllm``)."""
+
+    name: str
+    prompts: list[str]
+    texts: list[list[str]]
+    """Each answer's tokens (its first run's: a run at a temperature above 0 may differ)."""
+    app: Callable[[], App]
+    """A fresh ASGI app that streams the answers (the SSE path puts the middleware around it)."""
+    timeline: Callable[[int, int, random.Random], Timeline]
+    """``(run, answer, rng)``: the answer's token times and events, for the simulator."""
+
+
+def builtin_source(n: int, tokens: int, tpot: float, jitter: float, sim_tpot: float) -> Source:
+    """The built-in engine: ``tpot`` and its ``jitter`` for the SSE path; the simulator draws each run's times at
+    ``sim_tpot`` (``timeline_for``)."""
+    prompts, texts = answer_set(n, tokens)
+    return Source("builtin", prompts, texts,
+                  lambda: create_engine_app(EngineConfig(ttft=0.0, tpot=tpot, tpot_jitter=jitter)),
+                  lambda run, answer, rng: timeline_for(texts[answer], sim_tpot, rng))
+
+
 # ---- SSE: the real middleware in process --------------------------------------------------------------------
 def _scope() -> dict[str, Any]:
     return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
@@ -64,7 +93,7 @@ def _content_lengths(frame: bytes, parser: SSEParser) -> list[int]:
     for message in parser.feed(frame):
         if message.data.startswith("{"):
             choices = json.loads(message.data).get("choices") or [{}]
-            content = (choices[0].get("delta") or {}).get("content")
+            content = (choices[0].get("delta") or {}).get("content") or choices[0].get("text")
             if content:
                 out.append(len(content.encode()))
     return out
@@ -117,9 +146,9 @@ _TIMES = "eloquent.bench.generated"
 """Scope key: the list the timed engine appends each content chunk's send time to (generation times)."""
 
 
-def sse_app(mode: str, tick: float, tpot: float, jitter: float) -> EloquentMiddleware:
-    """The built-in engine behind the middleware; the engine's content chunks are timed as they leave it."""
-    engine = create_engine_app(EngineConfig(ttft=0.0, tpot=tpot, tpot_jitter=jitter))
+def sse_app(mode: str, tick: float, inner: App) -> EloquentMiddleware:
+    """``inner`` (an answer source's app) behind the middleware; its content chunks are timed as they leave it."""
+    engine = inner
 
     async def timed(scope: Any, receive: Any, send: Any) -> None:
         mine: list[float] = scope.get(_TIMES, [])
@@ -136,11 +165,11 @@ def sse_app(mode: str, tick: float, tpot: float, jitter: float) -> EloquentMiddl
     return EloquentMiddleware(timed, StreamConfig(padding=mode, send_tick=tick, keepalive=0.0, resume=False))
 
 
-def observe_sse(mode: str, tick: float, prompts: list[str], texts: list[list[str]], runs: int, tokens: int,
-                tpot: float, jitter: float, concurrency: int,
+def observe_sse(mode: str, tick: float, source: Source, runs: int, tokens: int, concurrency: int,
                 progress: Callable[[str], None]) -> tuple[list[Observed], float, int]:
     """Every answer ``runs`` times (run by run); also the CPU seconds per event and the padding bytes."""
-    app = sse_app(mode, tick, tpot, jitter)
+    app = sse_app(mode, tick, source.app())
+    prompts = source.prompts
     asks = [(a, p) for _ in range(runs) for a, p in enumerate(prompts)]
 
     async def main() -> list[Observed]:
@@ -174,16 +203,18 @@ def timeline_for(texts: list[str], tpot: float, rng: random.Random) -> Timeline:
     return Timeline(base.times, tuple(texts), payloads, base.end_payload)
 
 
-def observe_datagrams(mode: str, texts: list[list[str]], runs: int, scenario: Scenario, seed: int,
-                      progress: Callable[[str], None], floor: int = DATAGRAM_FLOOR) -> tuple[list[Observed], float]:
-    policy = datagram_policy(mode, BUDGET, floor) if mode != "off" else None
+def observe_datagrams(mode: str, source: Source, runs: int, scenario: Scenario, seed: int,
+                      progress: Callable[[str], None], floor: int = DATAGRAM_FLOOR,
+                      growth: float = DATAGRAM_GROWTH) -> tuple[list[Observed], float]:
+    policy = datagram_policy(mode, BUDGET, floor, growth) if mode != "off" else None
     out: list[Observed] = []
     cpu = time.process_time()
     for run in range(runs):
-        for answer, words in enumerate(texts):
+        for answer in range(len(source.prompts)):
             rng = random.Random(f"{seed}/{run}/{answer}")
-            timeline = timeline_for(words, scenario.tpot_ms / 1000, rng)
-            seeds = StreamSeeds.derive(seed, run * len(texts) + answer)
+            timeline = source.timeline(run, answer, rng)
+            words = timeline.texts
+            seeds = StreamSeeds.derive(seed, run * len(source.prompts) + answer)
             seen = Observed(answer)
             newest = -1
 
@@ -203,4 +234,4 @@ def observe_datagrams(mode: str, texts: list[list[str]], runs: int, scenario: Sc
             out.append(seen)
     cpu = time.process_time() - cpu
     progress(f"datagram {mode}: {len(out)} streams")
-    return out, cpu / max(1, runs * len(texts) * len(texts[0]))
+    return out, cpu / max(1, sum(len(t) for t in source.texts) * runs)
