@@ -28,6 +28,10 @@ MODES: tuple[str, ...] = ("off", "bucket", "constant")
 
 SSE_FLOOR = 128
 """Smallest SSE size class: an OpenAI chunk is ~200-260 bytes, a TGI token event ~120."""
+SSE_GROWTH = 1.25
+"""Ratio between the server's SSE ``bucket`` classes: 128, 160, 200, 256, 320, 400, ... (``bench leak``: an
+OpenAI chunk of the built-in engine and of vLLM each pad to one class at ~1.15x the bytes on the wire, where
+powers of two cost vLLM's ~290-byte chunks 1.73x; docs/results/padding.md)."""
 SSE_CONSTANT = 256
 """SSE unit of ``constant``: one OpenAI chunk with its id line fits (a longer one takes two writes)."""
 DATAGRAM_FLOOR = 48
@@ -150,9 +154,9 @@ def sse_comment(n: int) -> bytes:
     return b":" + b"p" * (n - 2) + b"\n"
 
 
-def sse_policy(mode: str) -> PaddingPolicy:
-    """The policy of ``--padding MODE`` for SSE writes."""
-    return PaddingPolicy(mode)  # type: ignore[arg-type]
+def sse_policy(mode: str, growth: float = SSE_GROWTH) -> PaddingPolicy:
+    """The policy of ``--padding MODE`` for SSE writes (``growth``: the ratio between ``bucket`` classes)."""
+    return PaddingPolicy(mode, growth=growth)  # type: ignore[arg-type]
 
 
 def datagram_policy(mode: str, budget: int, floor: int = DATAGRAM_FLOOR,

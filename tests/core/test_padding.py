@@ -21,7 +21,13 @@ from hypothesis import strategies as st
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError, DecodeError
 from eloquent_plugins.core.limits import Limits
-from eloquent_plugins.core.padding import PaddingPolicy, datagram_policy, obfuscation_requested, sse_comment
+from eloquent_plugins.core.padding import (
+    PaddingPolicy,
+    datagram_policy,
+    obfuscation_requested,
+    sse_comment,
+    sse_policy,
+)
 from eloquent_plugins.core.receiver import EloquentReceiver
 from eloquent_plugins.core.sender import EloquentSender, SenderConfig
 from eloquent_plugins.core.sse_reader import SSEParser
@@ -62,10 +68,16 @@ def test_datagram_classes_are_about_one_and_a_half_apart_up_to_the_budget() -> N
         PaddingPolicy("bucket", growth=1.0)
 
 
+def test_server_sse_classes_are_a_quarter_apart() -> None:
+    assert sse_policy("bucket").classes[:10] == (128, 160, 200, 256, 320, 400, 504, 632, 792, 992)
+    assert sse_policy("bucket").target(290) == 320 and sse_policy("bucket", 2.0).target(290) == 512
+
+
 @pytest.mark.parametrize("mode", ["bucket", "constant"])
-@pytest.mark.parametrize("n", [1, 20, 126, 127, 128, 255, 511, 512, 513, 1500])
-def test_sse_writes_take_the_classes_and_parse_as_the_event(mode: str, n: int) -> None:
-    policy = PaddingPolicy(mode)  # type: ignore[arg-type]
+@pytest.mark.parametrize("growth", [2.0, 1.25])
+@pytest.mark.parametrize("n", [1, 20, 126, 127, 128, 159, 161, 255, 511, 512, 513, 1500])
+def test_sse_writes_take_the_classes_and_parse_as_the_event(mode: str, growth: float, n: int) -> None:
+    policy = sse_policy(mode, growth)
     event = b"data: " + b"x" * max(0, n - 8) + b"\n\n"
     writes = policy.sse_writes(event)
     sizes = {len(w) for w in writes}

@@ -46,7 +46,7 @@ SHARED_FLAGS: tuple[tuple[str, dict[str, object], str], ...] = (
      "Live SSE streams one caller may hold; above it 429; 0 = unlimited (default)."),
     ("--padding", {"choices": ("off", "bucket", "constant")},
      "Pad SSE writes and Eloquent datagrams to a few sizes against size side channels: off (default), bucket "
-     "(powers of two) or constant (docs/SECURITY.md)."),
+     "(size classes ~1.25x apart for SSE, 1.5x for datagrams) or constant (docs/SECURITY.md)."),
     ("--send-tick", {"type": float, "metavar": "SECONDS"},
      "Write SSE events only at multiples of this tick, against timing side channels; 0 = off (default)."),
     ("--drain-timeout", {"type": float, "metavar": "SECONDS"},

@@ -31,7 +31,7 @@ from eloquent_plugins.cli import numbers
 from eloquent_plugins.cli.bench.leak_cost import TLS_RECORD, padding_cpu, sse_stall, summarize
 from eloquent_plugins.cli.bench.leak_paths import Source, builtin_source, observe_datagrams, observe_sse
 from eloquent_plugins.cli.flags import add_progress
-from eloquent_plugins.core.padding import DATAGRAM_FLOOR, DATAGRAM_GROWTH, MODES
+from eloquent_plugins.core.padding import DATAGRAM_FLOOR, DATAGRAM_GROWTH, MODES, SSE_GROWTH
 from eloquent_plugins.sim.link import QUIC_DATAGRAM_HEADER, TCP_HEADER
 from eloquent_plugins.sim.scenario import Scenario
 
@@ -56,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"smallest datagram class of bucket padding ({DATAGRAM_FLOOR})")
     parser.add_argument("--datagram-growth", type=float, default=DATAGRAM_GROWTH,
                         help=f"ratio between datagram classes of bucket padding ({DATAGRAM_GROWTH:g})")
+    parser.add_argument("--sse-growth", type=float, default=SSE_GROWTH,
+                        help=f"ratio between SSE classes of bucket padding ({SSE_GROWTH:g})")
     parser.add_argument("--concurrency", type=numbers.positive, default=8, help="SSE streams at once (8)")
     parser.add_argument("--seed", type=numbers.seed, default=29)
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
@@ -116,7 +118,8 @@ def measure(source: Source, args: argparse.Namespace, modes: list[str], paths: l
     variants = [(m, 0.0) for m in modes] + ([("constant", args.send_tick)] if args.send_tick else [])
     if "sse" in paths:
         for mode, tick in variants:
-            observed, cpu, padding = observe_sse(mode, tick, source, args.runs, args.tokens, args.concurrency, show)
+            observed, cpu, padding = observe_sse(mode, tick, source, args.runs, args.tokens, args.concurrency, show,
+                                                 args.sse_growth)
             stall = sse_stall(observed, scenario, source, args.seed)
             raw = sum(sum(o.sizes) for o in observed) - padding
             if mode == "off":

@@ -17,7 +17,7 @@ from typing import Any
 
 from eloquent_plugins.cli.bench.leak_attack import Observed
 from eloquent_plugins.core.limits import Limits
-from eloquent_plugins.core.padding import DATAGRAM_FLOOR, DATAGRAM_GROWTH, datagram_policy
+from eloquent_plugins.core.padding import DATAGRAM_FLOOR, DATAGRAM_GROWTH, SSE_GROWTH, datagram_policy, sse_policy
 from eloquent_plugins.core.sse_reader import SSEParser
 from eloquent_plugins.core.stall import stall_metrics
 from eloquent_plugins.core.wire import DataPacket, decode_packet, encode_packet
@@ -146,7 +146,7 @@ _TIMES = "eloquent.bench.generated"
 """Scope key: the list the timed engine appends each content chunk's send time to (generation times)."""
 
 
-def sse_app(mode: str, tick: float, inner: App) -> EloquentMiddleware:
+def sse_app(mode: str, tick: float, inner: App, growth: float = SSE_GROWTH) -> EloquentMiddleware:
     """``inner`` (an answer source's app) behind the middleware; its content chunks are timed as they leave it."""
     engine = inner
 
@@ -162,13 +162,16 @@ def sse_app(mode: str, tick: float, inner: App) -> EloquentMiddleware:
 
         await engine(scope, receive, timed_send)
 
-    return EloquentMiddleware(timed, StreamConfig(padding=mode, send_tick=tick, keepalive=0.0, resume=False))
+    app = EloquentMiddleware(timed, StreamConfig(padding=mode, send_tick=tick, keepalive=0.0, resume=False))
+    if app.padding is not None and growth != SSE_GROWTH:
+        app.padding = sse_policy(mode, growth)  # the bench's classes, not the server's default
+    return app
 
 
 def observe_sse(mode: str, tick: float, source: Source, runs: int, tokens: int, concurrency: int,
-                progress: Callable[[str], None]) -> tuple[list[Observed], float, int]:
+                progress: Callable[[str], None], growth: float = SSE_GROWTH) -> tuple[list[Observed], float, int]:
     """Every answer ``runs`` times (run by run); also the CPU seconds per event and the padding bytes."""
-    app = sse_app(mode, tick, source.app())
+    app = sse_app(mode, tick, source.app(), growth)
     prompts = source.prompts
     asks = [(a, p) for _ in range(runs) for a, p in enumerate(prompts)]
 

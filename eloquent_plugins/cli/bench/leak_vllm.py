@@ -118,13 +118,15 @@ def replay_app(prompts: list[str], takes: list[list[Take]]) -> App:
 
 
 def take_timeline(take: Take) -> Timeline:
-    """The recorded run for the simulator: its content events at their times (the first at 0), the rest after."""
-    content = [i for i, t in enumerate(take.texts) if t is not None]
-    if not content:
-        raise SystemExit("a recorded vLLM answer has no content")
-    t0 = take.times[content[0]]
-    return Timeline(tuple(take.times[i] - t0 for i in content), tuple(take.texts[i] or "" for i in content),
-                    tuple(take.events[i] for i in content), b"".join(take.events[content[-1] + 1:]))
+    """The recorded run for the simulator: every event before the finish chunk (the role chunk and the events
+    whose token decodes to no text too: the front end sends each as a datagram entry), at its time from the
+    first; the finish chunk and ``[DONE]`` after them."""
+    end = next((i for i, e in enumerate(take.events) if b'"finish_reason":null' not in e), len(take.events))
+    if end == 0:
+        raise SystemExit("a recorded vLLM answer has no events before its finish chunk")
+    t0 = take.times[0]
+    return Timeline(tuple(t - t0 for t in take.times[:end]), tuple(t or "" for t in take.texts[:end]),
+                    take.events[:end], b"".join(take.events[end:]))
 
 
 def save(path: str, meta: dict[str, Any], prompts: list[str], takes: list[list[Take]]) -> None:
@@ -167,7 +169,7 @@ def vllm_source(args: argparse.Namespace, progress: Callable[[str], None]) -> So
             save(args.vllm_answers, meta, prompts, takes)
     else:
         meta, prompts, takes = load(args.vllm_answers)
-    texts = [[t or "" for t in runs[0].texts if t is not None] for runs in takes]
+    texts = [list(take_timeline(runs[0]).texts) for runs in takes]
     distinct = len({tuple(t) for t in texts})
     progress(f"vllm: {len(prompts)} answers ({distinct} different texts), {len(takes[0])} runs each")
     return Source(f"vllm (T={meta['temperature']:g}, {distinct} different texts)", prompts, texts,
