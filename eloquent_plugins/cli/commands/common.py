@@ -65,8 +65,8 @@ def add_server_settings(parser: argparse.ArgumentParser) -> None:
                 "429; 0 = unlimited")
     add_setting(parser, "--padding", choices=MODES, default=_D.padding,
                 help="pad SSE writes (a comment line) and Eloquent datagrams (zero bytes) to a few sizes so an "
-                "observer of the encrypted connection cannot read token lengths: bucket = size classes ~1.25x (SSE) or 1.5x (datagrams) apart, "
-                "constant = one size (docs/SECURITY.md)")
+                "observer of the encrypted connection cannot read token lengths: bucket = size classes ~1.25x "
+                "(SSE) or 1.5x (datagrams) apart, constant = one size (docs/SECURITY.md)")
     add_setting(parser, "--send-tick", type=numbers.seconds, default=_D.send_tick, metavar="SECONDS",
                 help="write SSE events only at multiples of this tick (events that come meanwhile go in one write), "
                 "so write times follow the clock rather than the tokens; adds up to one tick of latency; 0 = off")
