@@ -26,6 +26,7 @@ from dataclasses import asdict, replace
 from eloquent_plugins.cli import numbers
 from eloquent_plugins.cli.bench import timeline
 from eloquent_plugins.cli.flags import add_duration, add_progress
+from eloquent_plugins.core.padding import MODES
 from eloquent_plugins.sim.relay_record import Bottleneck
 from eloquent_plugins.cli.harness import (
     SCHEMES,
@@ -51,12 +52,12 @@ from eloquent_plugins.sim.netem import Outage, parse_outage
 async def run_e2e(conditions: Conditions, workload: Workload, *, schemes: tuple[str, ...] = SCHEMES,
                   on_text: OnEvent | None = None,
                   on_stream: Callable[[StreamResult], None] | None = None, record: bool = False,
-                  redundancy: str | None = None) -> E2EResult:
+                  redundancy: str | None = None, padding: str = "off") -> E2EResult:
     """``record``: also build per-token timelines and their simulator replay (``cli/bench/timeline.py``);
-    ``redundancy``: the datagram senders' ``SenderConfig.redundancy``."""
+    ``redundancy``: the datagram senders' ``SenderConfig.redundancy``; ``padding``: the front end's."""
     started = time.monotonic()
     result = E2EResult(conditions, workload)
-    async with harness(conditions, workload, record=record, redundancy=redundancy) as h:
+    async with harness(conditions, workload, record=record, redundancy=redundancy, padding=padding) as h:
         # Streams first: the relay's outage and loss schedules count from its start.
         clients = {scheme: client_for(scheme, h.relay_url) for scheme in schemes}
         try:
@@ -132,6 +133,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the bottleneck's drop-tail queue in KiB (default: %(default)s)")
     parser.add_argument("--redundancy", choices=("off", "adaptive"), default=None,
                         help="the datagram senders' SenderConfig.redundancy (default: the sender's default)")
+    parser.add_argument("--padding", choices=MODES, default="off",
+                        help="the front end's datagram padding (off; docs/results/padding.md)")
     parser.add_argument("--trace", default=None, metavar="NAME",
                         help="a cellular trace pair of shared/traces/mahimahi (ELOQUENT_TRACES_DIR) instead of "
                         "random loss: the relay drains each direction at the trace's opportunities, one queue "
@@ -188,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         print("lossless calibration run (the stall floor of this machine and stack):")
         print(format_table(floor) + "\n")
     result = asyncio.run(run_e2e(conditions, workload, on_stream=progress, record=record,
-                                 redundancy=args.redundancy))
+                                 redundancy=args.redundancy, padding=args.padding))
     print(format_table(result))
     if args.browser:
         from eloquent_plugins.cli.bench.browser import ENGINES, browser_table_row
