@@ -82,7 +82,8 @@ def record(url: str, model: str, prompts: list[str], runs: int, tokens: int, tem
                             texts.append(_content(message.data))
                 if run >= 0:
                     takes[answer].append(Take(tuple(events), tuple(t - times[0] for t in times), tuple(texts)))
-            progress(f"vllm: run {run + 1} of {runs} recorded")
+            if run >= 0:
+                progress(f"vllm: run {run + 1} of {runs} recorded")
     return takes
 
 
