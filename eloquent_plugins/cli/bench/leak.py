@@ -146,8 +146,8 @@ def measure(source: Source, args: argparse.Namespace, modes: list[str], paths: l
 
 
 def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    print(f"bench leak: {args.answers} answers x {args.runs} runs x {args.tokens} tokens; simulated loss "
-          f"{args.loss:g}, rtt {args.rtt * 1000:g} ms")
+    print(f"bench leak: {args.runs} runs of each answer, {args.tokens} tokens; simulated loss {args.loss:g}, "
+          f"rtt {args.rtt * 1000:g} ms")
     head = (f"{'path':<9}{'mode':<22}{'len rec':>8}{'(base)':>8}{'id size':>8}{'xch':>6}{'id time':>8}{'xch':>6}"
             f"{'bytes':>7}{'wire':>7}"
             f"{'sizes':>6}{'stall':>8}{'cpu us/ev':>10}{'pad ns':>8}{'lat ms':>8}")
@@ -156,7 +156,7 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     for r in rows:
         if r["source"] != source:
             source = r["source"]
-            print(f"-- answers: {source} (chance {r['chance']:.3f})")
+            print(f"-- answers: {source}: {round(1 / r['chance'])} of them, chance {r['chance']:.3f}")
         lat = r["latency_ms_mean"]
         print(f"{r['path']:<9}{r['mode']:<22}{r['token_length_recovery']:>8.3f}{r['token_length_baseline']:>8.3f}"
               f"{r['identification_sizes']:>8.3f}{r['identification_sizes_x_chance']:>6.1f}"
