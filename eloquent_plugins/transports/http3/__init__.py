@@ -12,7 +12,8 @@ from eloquent_plugins.core.scheme import Scheme, UnknownScheme, scheme_for, send
 from eloquent_plugins.h3glue import ALPN, DatagramH3Connection, close_code
 from eloquent_plugins.transports.http3.certs import CertificatePair, dev_certificate, resolve_certificate
 from eloquent_plugins.transports.http3.datagram_queue import DatagramQueue
-from eloquent_plugins.transports.http3.server import FrontEndOptions, Http3Server, start_http3_server
+from eloquent_plugins.transports.http3.options import FrontEndOptions
+from eloquent_plugins.transports.http3.server import Http3Server, start_http3_server
 
 __all__ = [
     "ALPN", "DATAGRAM", "REQUEST_ID_HEADER", "SCHEME_HEADER", "TRANSPORT_HEADER", "CertificatePair",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aioquic.h3.events import DatagramReceived, DataReceived, H3Event, HeadersReceived
 from aioquic.h3.events import WebTransportStreamDataReceived as WebTransportData
@@ -50,13 +50,12 @@ from eloquent_plugins.transports.http3.guards import (
     connection_limits,
     unroutable_bucket,
 )
-from eloquent_plugins.transports.http3.request import Request, http_scope
+from eloquent_plugins.transports.http3.request import Request
+from eloquent_plugins.transports.http3.scope import http_scope
 from eloquent_plugins.transports.http3.scheduler import DatagramScheduler, Plan, StepKind, fits
+from eloquent_plugins.transports.http3.state import ServerState
 from eloquent_plugins.transports.http3.webtransport import WebTransportSessions, is_session_request
 from eloquent_plugins.transports.metrics import TRANSPORT_EXTENSION, h3_transport
-
-if TYPE_CHECKING:
-    from eloquent_plugins.transports.http3.server import ServerState
 
 log = logging.getLogger("eloquent_plugins.transports.http3")
 
@@ -90,6 +89,11 @@ class Http3Connection(H3Protocol):
         if not state.options.pacing:
             disable_pacing(self.quic)
         state.connections.add(self)
+
+    @property
+    def negotiated(self) -> bool:
+        """HTTP/3 was negotiated (ALPN h3): requests can be answered."""
+        return self.h3 is not None
 
     @property
     def peer_accepts_datagrams(self) -> bool:

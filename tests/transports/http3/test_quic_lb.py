@@ -12,7 +12,8 @@ from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.quic_lb import QuicLbConfig, decode, parse_server_id
 from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.h3glue import RoutableQuicConnection
-from eloquent_plugins.transports.http3.server import FrontEndOptions, start_http3_server
+from eloquent_plugins.transports.http3.options import FrontEndOptions
+from eloquent_plugins.transports.http3.server import start_http3_server
 from tests.support.client_servers import CHAT, chat_body
 
 SERVER_ID = bytes.fromhex("0a1b")
