@@ -50,6 +50,7 @@ from eloquent_plugins.transports.http3.guards import (
     connection_limits,
     unroutable_bucket,
 )
+from eloquent_plugins.transports.http3.lifecycle import ConnectionState, advance
 from eloquent_plugins.transports.http3.request import Request
 from eloquent_plugins.transports.http3.scope import http_scope
 from eloquent_plugins.transports.http3.scheduler import DatagramScheduler, Plan, StepKind, fits
@@ -76,19 +77,25 @@ class Http3Connection(H3Protocol):
         """``pump_stream``'s deferred plan (timers and the other streams), after the I/O that is ready."""
         self._send_batch = 0
         """With ``record_timings``: counts the transmits that carry datagrams (which sends share a packet)."""
-        self.terminated = False
+        self.lifecycle = ConnectionState.CONNECTING
+        """Where the connection is in its life (``lifecycle.ConnectionState``; moves only by ``_enter``)."""
         self.error_code: int | None = None
+        """The code this end closed the connection with (``FAILED``)."""
         self.next_request_stream = 0
         """The lowest client request stream id not seen yet (what a GOAWAY names)."""
-        self.goaway_sent = False
-        self.close_when_idle = False
-        """The drain is over: close once the last request (an Eloquent stream's tail included) is done."""
         path = state.options.webtransport_path
         self.webtransport = WebTransportSessions(self, path, state.options.origin_policy()) if path else None
         """Browser sessions (docs/BROWSER.md); None when ``webtransport_path`` is off."""
         if not state.options.pacing:
             disable_pacing(self.quic)
         state.connections.add(self)
+
+    def _enter(self, state: ConnectionState) -> None:
+        self.lifecycle = advance(self.lifecycle, state)
+
+    @property
+    def terminated(self) -> bool:
+        return self.lifecycle is ConnectionState.TERMINATED
 
     @property
     def negotiated(self) -> bool:
@@ -109,13 +116,14 @@ class Http3Connection(H3Protocol):
 
     def quic_event_received(self, event: QuicEvent) -> None:
         if isinstance(event, ProtocolNegotiated):
-            if event.alpn_protocol in ALPN:
+            if event.alpn_protocol in ALPN and self.lifecycle is ConnectionState.CONNECTING:
                 self.h3 = DatagramH3Connection(self.quic, webtransport=self.webtransport is not None)
+                self._enter(ConnectionState.OPEN)
                 drain = self.state.drain
                 if drain is not None and drain.draining:
                     self.goaway()
-        elif isinstance(event, ConnectionTerminated):
-            self.terminated = True
+        elif isinstance(event, ConnectionTerminated) and not self.terminated:
+            self._enter(ConnectionState.TERMINATED)
             self.state.connections.discard(self)
             for request in list(self.requests.values()):
                 request.disconnect()
@@ -130,7 +138,7 @@ class Http3Connection(H3Protocol):
                 self.webtransport.stream_gone(event.stream_id)
         if self.h3 is not None and not self.terminated:
             for h3_event in self.h3.handle_event(event):
-                if self.error_code is None:
+                if self.lifecycle is not ConnectionState.FAILED:
                     self._h3_event(h3_event)
 
     def _h3_event(self, event: H3Event) -> None:
@@ -178,8 +186,9 @@ class Http3Connection(H3Protocol):
 
     def fail(self, error: ProtocolError) -> None:
         """Close the whole connection with the error's code (the peer broke the protocol)."""
-        if self.terminated or self.error_code is not None:
+        if self.lifecycle in (ConnectionState.FAILED, ConnectionState.TERMINATED):
             return
+        self._enter(ConnectionState.FAILED)
         self.error_code = close_code(error)
         self.state.closed_with_error += 1
         log.info("closing connection: %s (code 0x%x)", error, self.error_code)
@@ -251,7 +260,7 @@ class Http3Connection(H3Protocol):
         self.requests.pop(stream_id, None)
         if self.webtransport is not None:
             self.webtransport.forget(stream_id)
-        if self.close_when_idle and not self.requests:
+        if self.lifecycle is ConnectionState.CLOSING and not self.requests:
             self.close_drained()
 
     def track_eloquent(self, request: Request) -> None:
@@ -328,7 +337,7 @@ class Http3Connection(H3Protocol):
 
     def pump(self) -> None:
         self._pump_handle = None
-        if self.terminated or self.h3 is None or self.error_code is not None:
+        if not self.lifecycle.live:
             self.transmit()
             return
         quic = self.quic
@@ -343,7 +352,7 @@ class Http3Connection(H3Protocol):
         the full plan (timers, the other streams) runs later, once the I/O already waiting has been served: work
         before the send, or between the send and the next read, is render latency (issue 19)."""
         quic = self.quic
-        if self.terminated or self.h3 is None or self.error_code is not None or has_pending_datagrams(quic):
+        if not self.lifecycle.live or has_pending_datagrams(quic):
             self.pump()
             return
         batch = self.scheduler.direct(stream_id, self.loop.time(), datagram_room(quic))
@@ -363,7 +372,7 @@ class Http3Connection(H3Protocol):
         """The plan after ``pump_stream``'s send: timers, fallbacks, the other streams; a transmit only if it
         produced something (an empty transmit still costs aioquic a packet build)."""
         self._rest_handle = None
-        if self.terminated or self.h3 is None or self.error_code is not None:
+        if not self.lifecycle.live:
             return
         quic = self.quic
         plan = self.scheduler.plan(self.loop.time(), datagram_room(quic),
@@ -445,16 +454,18 @@ class Http3Connection(H3Protocol):
     def goaway(self) -> None:
         """The server drains: tell the client to open new requests elsewhere (requests that still come get the
         middleware's 503; those under way go on)."""
-        if self.h3 is not None and not self.goaway_sent and not self.terminated:
-            self.goaway_sent = self.h3.send_goaway(self.next_request_stream)
+        if self.h3 is not None and self.lifecycle is ConnectionState.OPEN:
+            if self.h3.send_goaway(self.next_request_stream):
+                self._enter(ConnectionState.GOING_AWAY)
             self.transmit()
 
     def close_drained(self, *, force: bool = False) -> None:
         """The drain is over: close, so that a client goes elsewhere. A connection still delivering a stream's
         last datagrams (acks, trailer) closes when that is done, unless ``force`` (streams were handed over at the
         deadline: their clients resume elsewhere now)."""
+        if self.lifecycle in (ConnectionState.OPEN, ConnectionState.GOING_AWAY):
+            self._enter(ConnectionState.CLOSING)
         if self.requests and not force:
-            self.close_when_idle = True
             return
         if not self.terminated:
             self.quic.close(error_code=H3_NO_ERROR, reason_phrase="server drained")

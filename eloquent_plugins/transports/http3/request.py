@@ -52,11 +52,13 @@ class RequestHost(Protocol):
 
     state: ServerState
     limits: Limits
-    terminated: bool
     error_code: int | None
+    """Set when the connection failed (closed by us with that code)."""
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def terminated(self) -> bool: ...
     @property
     def negotiated(self) -> bool: ...  # HTTP/3 is up: a response can go out
     @property
