@@ -9,7 +9,7 @@ from eloquent_plugins.core.control import ControlParser, Fallback, StreamDigest,
 from eloquent_plugins.core.protocol import DATAGRAM, REQUEST_ID_HEADER, SCHEME_HEADER, TRANSPORT_HEADER
 from eloquent_plugins.core.response_stream import EloquentResponseStream
 from eloquent_plugins.core.scheme import Scheme, UnknownScheme, scheme_for, sender_config_for
-from eloquent_plugins.h3glue import ALPN, DatagramH3Connection, close_code
+from eloquent_plugins.h3glue.common import ALPN, DatagramH3Connection, close_code
 from eloquent_plugins.transports.http3.certs import CertificatePair, dev_certificate, resolve_certificate
 from eloquent_plugins.transports.http3.datagram_queue import DatagramQueue
 from eloquent_plugins.transports.http3.options import FrontEndOptions

@@ -11,7 +11,7 @@ from typing import Any
 from eloquent_plugins.core.codecs.router import CodecRouter
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.quic_lb import QuicLbConfig
-from eloquent_plugins.h3glue import RETRY_MODES
+from eloquent_plugins.h3glue.listener import RETRY_MODES
 from eloquent_plugins.transports.cors import OriginPolicy, parse_origins
 
 DEFAULT_PATH = "/eloquent/wt"
@@ -33,7 +33,7 @@ class FrontEndOptions:
     """``SenderConfig.redundancy`` of Eloquent-scheme streams (``bench e2e --redundancy``); None: the default."""
     congestion_control: str = "reno"
     pacing: bool = False
-    """aioquic's pacer (see ``h3glue.NoPacer`` for why it is off by default for token streams)."""
+    """aioquic's pacer (see ``h3glue.common.NoPacer`` for why it is off by default for token streams)."""
     codec_router: CodecRouter | None = None
     """Which codec shapes the JSON errors of each route; None: the plugin manager's codecs (the built-in ones
     without a manager) on the default routes, as the SSE middleware does."""

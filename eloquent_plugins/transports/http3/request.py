@@ -33,7 +33,7 @@ from eloquent_plugins.core.padding import datagram_policy
 from eloquent_plugins.core.scheme import Scheme, sender_config_for
 from eloquent_plugins.core.sse_reader import SSEParser
 from eloquent_plugins.core.sse_writer import format_event
-from eloquent_plugins.h3glue import CONNECTION_SPECIFIC
+from eloquent_plugins.h3glue.common import CONNECTION_SPECIFIC
 from eloquent_plugins.transports.access_log import request_line
 from eloquent_plugins.transports.asgi import HOOKS_EXTENSION
 from eloquent_plugins.transports.http3.guards import STREAM_HIGH_WATER, BodyGuard, Rejection

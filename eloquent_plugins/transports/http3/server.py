@@ -6,7 +6,7 @@ This module starts and stops the listener. What every connection shares (the app
 router, benchmark timings) is ``state.ServerState``; the front end's settings are ``options.FrontEndOptions``.
 The rest: ``connection`` (one client connection's events), ``request`` (one
 request's ASGI bridge and response), ``scheduler`` (which datagrams leave when), ``guards`` (admission and
-abuse limits), and ``eloquent_plugins.h3glue`` (every access to aioquic internals).
+abuse limits), and ``eloquent_plugins.h3glue`` (every access to aioquic internals; the listener in ``h3glue.listener``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from eloquent_plugins.core.codecs.router import CodecRouter
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.hooks.manager import codecs
 from eloquent_plugins.core.protocol import QUIC_MAX_DATAGRAM_SIZE
-from eloquent_plugins.h3glue import ALPN, AdmissionStats, GuardedQuicServer, server_sockname
+from eloquent_plugins.h3glue.common import ALPN, server_sockname
+from eloquent_plugins.h3glue.listener import AdmissionStats, GuardedQuicServer
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.transports.http3.certs import dev_pair, renewal_due, resolve_certificate, dev_certificate
 from eloquent_plugins.transports.http3.connection import Http3Connection

@@ -11,7 +11,7 @@ from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.quic_lb import QuicLbConfig, decode, parse_server_id
 from eloquent_plugins.engine import EngineConfig, create_engine_app
-from eloquent_plugins.h3glue import RoutableQuicConnection
+from eloquent_plugins.h3glue.listener import RoutableQuicConnection
 from eloquent_plugins.transports.http3.options import FrontEndOptions
 from eloquent_plugins.transports.http3.server import start_http3_server
 from tests.support.client_servers import CHAT, chat_body
