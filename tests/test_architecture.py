@@ -212,7 +212,7 @@ def test_the_walker_finds_a_forbidden_import(module: str, source: str, target: s
     ("eloquent_plugins.cli.bench.e2e", "eloquent_plugins.cli.harness.harness"),
     ("eloquent_plugins.transports.http3.server", "eloquent_plugins.h3glue.listener.GuardedQuicServer"),
     ("eloquent_tgi.gateway", "eloquent_plugins.transports.sse.middleware"),
-    ("eloquent_vllm.http3", "eloquent_plugins.transports.http3.start_http3_server"),
+    ("eloquent_vllm.http3", "eloquent_plugins.transports.http3.server.start_http3_server"),
     ("eloquent_plugins.cli.harness", "eloquent_plugins.engine.create_engine_app"),
     ("eloquent_plugins.sim.eloquent", "eloquent_plugins.core.sender.EloquentSender"),
     ("eloquent_plugins.engine.app", "starlette.applications.Starlette"),

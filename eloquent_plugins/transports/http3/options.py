@@ -14,9 +14,6 @@ from eloquent_plugins.core.quic_lb import QuicLbConfig
 from eloquent_plugins.h3glue.listener import RETRY_MODES
 from eloquent_plugins.transports.cors import OriginPolicy, parse_origins
 
-DEFAULT_PATH = "/eloquent/wt"
-"""Where WebTransport sessions are served unless the front end is told otherwise (the JS client's default too)."""
-
 
 @dataclass(frozen=True, slots=True)
 class FrontEndOptions:
@@ -47,8 +44,9 @@ class FrontEndOptions:
     """Handshakes not yet address-validated from one IP address; past it a Retry ("auto") or a drop ("off")."""
     handshake_timeout: float = 10.0
     """A connection whose handshake is not complete by then is dropped, nothing sent (not kept ``idle_timeout``)."""
-    webtransport_path: str | None = DEFAULT_PATH
-    """Where browsers open WebTransport sessions (docs/BROWSER.md); None or "" turns WebTransport off."""
+    webtransport_path: str | None = "/eloquent/wt"
+    """Where browsers open WebTransport sessions (docs/BROWSER.md; the JS client's default path too); None or ""
+    turns WebTransport off."""
     cors_origins: tuple[str, ...] = ()
     """Page origins besides the same-origin ones that may open WebTransport sessions (``--cors-origin``, ``*``:
     any); another origin's session gets 403 (browsers apply no CORS to WebTransport)."""
