@@ -1,7 +1,6 @@
-# long: QUIC/HTTP/3 event dispatch and the datagram pump (app sends, acks, timers) drive one connection state together
 """One client connection of the HTTP/3 front end: QUIC and HTTP/3 events in, dispatched to requests, and the
-wire out. Network events and timers end in ``pump``, which runs the datagram scheduler; an app's send ends in
-``pump_stream``, which sends that stream's new datagrams first and runs the rest of the pump after.
+wire out. Network events and timers end in ``pump``, an app's send in ``pump_stream``: both run the connection's
+``pump.DatagramPump`` (the datagram scheduler's plan and its timer). Its lifecycle is ``lifecycle.ConnectionState``.
 
 A client that breaks the protocol (garbage datagrams, acks for events never sent, ack floods, datagrams for no
 live stream beyond a token bucket) has this connection closed with the error's code; other connections go on.
@@ -34,12 +33,8 @@ from eloquent_plugins.h3glue.common import (
     DatagramH3Connection,
     H3Protocol,
     close_code,
-    datagram_room,
     disable_pacing,
-    has_pending_datagrams,
     peer_address,
-    peer_max_datagram_frame_size,
-    request_probe,
     stream_send_backlog,
 )
 from eloquent_plugins.transports.asgi import HOOKS_EXTENSION
@@ -53,7 +48,8 @@ from eloquent_plugins.transports.http3.guards import (
 from eloquent_plugins.transports.http3.lifecycle import ConnectionState, advance
 from eloquent_plugins.transports.http3.request import Request
 from eloquent_plugins.transports.http3.scope import http_scope
-from eloquent_plugins.transports.http3.scheduler import DatagramScheduler, Plan, StepKind, fits
+from eloquent_plugins.transports.http3.pump import DatagramPump
+from eloquent_plugins.transports.http3.scheduler import DatagramScheduler
 from eloquent_plugins.transports.http3.state import ServerState
 from eloquent_plugins.transports.http3.webtransport import WebTransportSessions, is_session_request
 from eloquent_plugins.transports.metrics import TRANSPORT_EXTENSION, h3_transport
@@ -70,13 +66,7 @@ class Http3Connection(H3Protocol):
         self.limits = connection_limits(state.config.limits)
         self.scheduler = DatagramScheduler(self.limits.max_datagram_size)
         self._unroutable = unroutable_bucket(self.loop.time())
-        self._deadline_handle: asyncio.TimerHandle | None = None
-        self._deadline_at: float | None = None
-        self._pump_handle: asyncio.Handle | None = None
-        self._rest_handle: asyncio.TimerHandle | None = None
-        """``pump_stream``'s deferred plan (timers and the other streams), after the I/O that is ready."""
-        self._send_batch = 0
-        """With ``record_timings``: counts the transmits that carry datagrams (which sends share a packet)."""
+        self.datagram_pump = DatagramPump(self, self.scheduler)
         self.lifecycle = ConnectionState.CONNECTING
         """Where the connection is in its life (``lifecycle.ConnectionState``; moves only by ``_enter``)."""
         self.error_code: int | None = None
@@ -128,7 +118,7 @@ class Http3Connection(H3Protocol):
             for request in list(self.requests.values()):
                 request.disconnect()
             self.scheduler.clear()
-            self._cancel_timers()
+            self.datagram_pump.cancel()
         elif isinstance(event, StreamReset | StopSendingReceived):
             request = self.requests.get(event.stream_id)
             if request is not None:
@@ -269,11 +259,11 @@ class Http3Connection(H3Protocol):
 
     def _drop_eloquent(self, stream_id: int) -> None:
         if self.scheduler.drop(stream_id):
-            self._forget_if_idle(stream_id)
+            self.forget_if_idle(stream_id)
 
     drop_stream = _drop_eloquent  # a WebTransport session ended: its requests' datagrams stop
 
-    def _forget_if_idle(self, stream_id: int) -> None:
+    def forget_if_idle(self, stream_id: int) -> None:
         """A stream left the scheduler: its request goes too unless its app is still running."""
         request = self.requests.get(stream_id)
         if request is not None and request.eloquent is not None and request.task is None:
@@ -330,126 +320,16 @@ class Http3Connection(H3Protocol):
             if not request.drained.is_set() and self.backlog(request.stream_id) <= STREAM_HIGH_WATER:
                 request.drained.set()
 
-    # ---- datagram scheduling -----------------------------------------------------------------------------
-    def pump_soon(self) -> None:
-        if self._pump_handle is None and not self.terminated:
-            self._pump_handle = self.loop.call_soon(self.pump)
-
+    # ---- datagram scheduling (``pump.DatagramPump``) ------------------------------------------------------
     def pump(self) -> None:
-        self._pump_handle = None
-        if not self.lifecycle.live:
-            self.transmit()
-            return
-        quic = self.quic
-        plan = self.scheduler.plan(self.loop.time(), datagram_room(quic),
-                                   transport_queue_empty=not has_pending_datagrams(quic))
-        self._execute(plan)
-        self.transmit()
-        self._schedule_deadline()
+        self.datagram_pump.run()
+
+    def pump_soon(self) -> None:
+        self.datagram_pump.soon()
 
     def pump_stream(self, stream_id: int) -> None:
-        """The app pushed events on ``stream_id``: their datagrams leave first (``DatagramScheduler.direct``);
-        the full plan (timers, the other streams) runs later, once the I/O already waiting has been served: work
-        before the send, or between the send and the next read, is render latency (issue 19)."""
-        quic = self.quic
-        if not self.lifecycle.live or has_pending_datagrams(quic):
-            self.pump()
-            return
-        batch = self.scheduler.direct(stream_id, self.loop.time(), datagram_room(quic))
-        if batch is None:
-            self.pump()
-            return
-        if batch:
-            self._send_datagrams(batch)
-            self.transmit()
-        if self._rest_handle is None:
-            # On asyncio's loop a timer due now runs after the I/O callbacks of the next turn (``call_soon`` would
-            # run before them): acks and other streams' packets already waiting go first, the bookkeeping after.
-            # uvloop runs due timers before its poll: there the plan simply comes one turn later.
-            self._rest_handle = self.loop.call_at(self.loop.time(), self._pump_rest)
-
-    def _pump_rest(self) -> None:
-        """The plan after ``pump_stream``'s send: timers, fallbacks, the other streams; a transmit only if it
-        produced something (an empty transmit still costs aioquic a packet build)."""
-        self._rest_handle = None
-        if not self.lifecycle.live:
-            return
-        quic = self.quic
-        plan = self.scheduler.plan(self.loop.time(), datagram_room(quic),
-                                   transport_queue_empty=not has_pending_datagrams(quic))
-        if plan.steps or plan.datagrams or plan.probe:
-            self._execute(plan)
-            self.transmit()
-        self._schedule_deadline()
-
-    def _execute(self, plan: Plan) -> None:
-        if plan.probe:
-            request_probe(self.quic)
-        for step in plan.steps:
-            if step.kind is StepKind.FALLBACK:
-                self.send_data(step.stream_id, step.data, True)
-            elif step.kind is StepKind.STALLED:
-                request = self.requests.get(step.stream_id)
-                timeout = request.eloquent.ack_timeout if request is not None and request.eloquent else 0.0
-                log.info("stream %d: no ack progress for %.1f s; cancelling it", step.stream_id, timeout)
-                self.reset(step.stream_id, H3_REQUEST_CANCELLED)
-                if request is not None:
-                    request.disconnect()
-            else:
-                self.send_data(step.stream_id, b"", True)
-            self._forget_if_idle(step.stream_id)
-        if plan.datagrams:
-            self._send_datagrams(plan.datagrams)
-
-    def _send_datagrams(self, batch: list[tuple[int, bytes]]) -> None:
-        assert self.h3 is not None
-        limit = peer_max_datagram_frame_size(self.quic) or 0
-        previous_stream: int | None = None
-        record = self.state.options.record_timings
-        self._send_batch += record
-        wt = self.webtransport
-        for stream_id, datagram in batch:
-            target = wt.datagram_target(stream_id) if wt is not None else stream_id  # a session's, for WebTransport
-            if not fits(target, datagram, limit):
-                continue  # cannot happen with our budget; never let one jam aioquic's queue
-            if stream_id == previous_stream:
-                # A copy (duplication, redundancy) or a split run's rest: own QUIC packet, or one loss kills both
-                self.transmit()
-                self._send_batch += record
-            self.h3.send_datagram(target, datagram)
-            previous_stream = stream_id
-            if record:
-                self._record_send(stream_id, datagram)
-
-    def _record_send(self, stream_id: int, datagram: bytes) -> None:
-        """Benchmarks' per-token timelines: when each datagram of a request went to QUIC (``record_timings``)."""
-        if (request := self.requests.get(stream_id)) is not None:
-            sends = self.state.sends
-            entry = sends.setdefault(request.request_id, (request.scope.get("client"), []))
-            entry[1].append((self.loop.time(), datagram, self._send_batch))
-            while len(sends) > self.state.options.timings_kept:
-                sends.popitem(last=False)
-
-    def _schedule_deadline(self) -> None:
-        deadline = self.scheduler.next_deadline()
-        if deadline == self._deadline_at:
-            return
-        if self._deadline_handle is not None:
-            self._deadline_handle.cancel()
-            self._deadline_handle = None
-        self._deadline_at = deadline
-        if deadline is not None:
-            self._deadline_handle = self.loop.call_at(deadline, self._on_deadline)
-
-    def _on_deadline(self) -> None:
-        self._deadline_handle = None
-        self._deadline_at = None
-        self.pump()
-
-    def _cancel_timers(self) -> None:
-        for handle in (self._deadline_handle, self._pump_handle, self._rest_handle):
-            if handle is not None:
-                handle.cancel()
+        """The app pushed events on ``stream_id``: their datagrams leave now (``DatagramPump.stream``)."""
+        self.datagram_pump.stream(stream_id)
 
     def goaway(self) -> None:
         """The server drains: tell the client to open new requests elsewhere (requests that still come get the
@@ -482,4 +362,4 @@ class Http3Connection(H3Protocol):
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        self._cancel_timers()
+        self.datagram_pump.cancel()
