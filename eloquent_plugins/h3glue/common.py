@@ -146,6 +146,12 @@ def nothing_decrypted(quic: QuicConnection) -> bool:
     return quic._state is QuicConnectionState.FIRSTFLIGHT
 
 
+def peer_closed(quic: QuicConnection) -> bool:
+    """The peer sent CONNECTION_CLOSE: aioquic is draining (RFC 9000 section 10.2.2) and reports
+    ``ConnectionTerminated`` only 3 x PTO later, but the peer will read nothing more from now on."""
+    return quic._state is QuicConnectionState.DRAINING
+
+
 def stop_driving(protocol: QuicConnectionProtocol) -> None:
     """Cancel aioquic's timer, a pending transmit and a connect waiter, so nothing of this connection runs after
     its transport is gone (a timer left armed fires into a closed transport: "Exception in callback

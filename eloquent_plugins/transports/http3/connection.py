@@ -35,6 +35,7 @@ from eloquent_plugins.h3glue.common import (
     close_code,
     disable_pacing,
     peer_address,
+    peer_closed,
     stream_send_backlog,
 )
 from eloquent_plugins.transports.asgi import HOOKS_EXTENSION
@@ -98,6 +99,8 @@ class Http3Connection(H3Protocol):
 
     # ---- network -----------------------------------------------------------------------------------------
     def after_input(self) -> None:
+        if not self.terminated and peer_closed(self.quic):
+            self._gone()  # the client closed the connection: its readers are gone now, not 3 x PTO later
         self.acknowledge_now()  # QUIC's ACK of the input (a client's ack datagram) goes now, not in a token's packet
         self.pump()
 
@@ -112,13 +115,10 @@ class Http3Connection(H3Protocol):
                 drain = self.state.drain
                 if drain is not None and drain.draining:
                     self.goaway()
-        elif isinstance(event, ConnectionTerminated) and not self.terminated:
-            self._enter(ConnectionState.TERMINATED)
+        elif isinstance(event, ConnectionTerminated):
             self.state.connections.discard(self)
-            for request in list(self.requests.values()):
-                request.disconnect()
-            self.scheduler.clear()
-            self.datagram_pump.cancel()
+            if not self.terminated:
+                self._gone()
         elif isinstance(event, StreamReset | StopSendingReceived):
             request = self.requests.get(event.stream_id)
             if request is not None:
@@ -130,6 +130,15 @@ class Http3Connection(H3Protocol):
             for h3_event in self.h3.handle_event(event):
                 if self.lifecycle is not ConnectionState.FAILED:
                     self._h3_event(h3_event)
+
+    def _gone(self) -> None:
+        """The peer is gone (its CONNECTION_CLOSE arrived, or QUIC ended the connection): every request hears
+        ``http.disconnect`` now, so the engine stops generating for readers that left."""
+        self._enter(ConnectionState.TERMINATED)
+        for request in list(self.requests.values()):
+            request.disconnect()
+        self.scheduler.clear()
+        self.datagram_pump.cancel()
 
     def _h3_event(self, event: H3Event) -> None:
         wt = self.webtransport

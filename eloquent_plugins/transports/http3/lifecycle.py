@@ -36,7 +36,8 @@ class ConnectionState(Enum):
     FAILED = "failed"
     """The peer broke the protocol: closed by us with the error's code; nothing more is dispatched or sent."""
     TERMINATED = "terminated"
-    """QUIC reported the connection gone (closed by either side, idle timeout): final."""
+    """The client's CONNECTION_CLOSE arrived (at once, not after QUIC's draining period), or QUIC reported the
+    connection gone (our close, idle timeout): final."""
 
     @property
     def live(self) -> bool:
