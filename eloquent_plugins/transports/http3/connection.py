@@ -26,7 +26,7 @@ from aioquic.quic.events import (
 from eloquent_plugins.core.errors import LimitExceeded, ProtocolError
 from eloquent_plugins.core.hooks.manager import StreamHooks
 from eloquent_plugins.core.hooks.specs import StreamInfo
-from eloquent_plugins.core.protocol import H3_NO_ERROR, H3_REQUEST_CANCELLED
+from eloquent_plugins.core.protocol import H3_NO_ERROR
 from eloquent_plugins.core.scheme import Scheme, UnknownScheme, scheme_for
 from eloquent_plugins.h3glue.common import (
     ALPN,
