@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from eloquent_plugins.transports.http3 import Http3Server
+    from eloquent_plugins.transports.http3.server import Http3Server
 
 StartH3 = Callable[..., Awaitable["Http3Server"]]
 
@@ -20,7 +20,8 @@ async def h3_engine() -> AsyncIterator[StartH3]:
     on a free loopback UDP port (read ``.port``); every server started through it is closed after the test."""
     from eloquent_plugins.transports.config import StreamConfig
     from eloquent_plugins.engine import EngineConfig, create_engine_app
-    from eloquent_plugins.transports.http3 import FrontEndOptions, start_http3_server
+    from eloquent_plugins.transports.http3.options import FrontEndOptions
+    from eloquent_plugins.transports.http3.server import start_http3_server
 
     started: list[Http3Server] = []
 

@@ -26,6 +26,8 @@ SOURCE_ROOTS = {PACKAGE: ROOT, CLIENT: ROOT / "client", **{a: ROOT / "adapters" 
 CORE = f"{PACKAGE}.core"
 HOOKS = f"{CORE}.hooks"
 H3GLUE = f"{PACKAGE}.h3glue"
+LISTENER = f"{H3GLUE}.listener"
+"""The server's hardened QUIC listener: h3glue, but never the client's."""
 TRANSPORTS = f"{PACKAGE}.transports"
 ENGINE = f"{PACKAGE}.engine"
 SIM = f"{PACKAGE}.sim"
@@ -101,9 +103,13 @@ def forbidden(arrow: Arrow) -> str | None:
             return f"core may use {top} only in {CORE_THIRD_PARTY[top]}"
         if top not in sys.stdlib_module_names and top not in CORE_THIRD_PARTY and top != PACKAGE:
             return f"core is stdlib only: no {top}"
-    if under(src, H3GLUE) and under(dst, PACKAGE) and not under(dst, CORE):
-        return "h3glue is a leaf beside core: it imports only core"
+    if under(src, H3GLUE) and under(dst, PACKAGE) and not (under(dst, CORE) or under(dst, H3GLUE)):
+        return "h3glue is a leaf beside core: it imports only core (and itself)"
+    if under(src, f"{H3GLUE}.common") and under(dst, LISTENER):
+        return "h3glue.common is what both ends need: it never loads the server's listener"
     if under(src, CLIENT):
+        if under(dst, LISTENER):
+            return "the client never loads the server's listener (h3glue.listener)"
         if under(dst, PACKAGE) and not (under(dst, CORE) or under(dst, H3GLUE)):
             return "the client imports only eloquent_plugins.core and eloquent_plugins.h3glue"
         if top in ADAPTERS:
@@ -178,6 +184,10 @@ def all_arrows() -> list[Arrow]:
      "eloquent_plugins.engine.create_engine_app"),
     ("eloquent_plugins.engine.app", "import eloquent_plugins.transports.sse", "eloquent_plugins.transports.sse"),
     ("eloquent_plugins.sim.udp_relay", "from eloquent_plugins import h3glue", "eloquent_plugins.h3glue"),
+    ("eloquent_client.http3", "from eloquent_plugins.h3glue.listener import GuardedQuicServer",
+     "eloquent_plugins.h3glue.listener.GuardedQuicServer"),
+    ("eloquent_plugins.h3glue.common", "from .listener import GuardedQuicServer",
+     "eloquent_plugins.h3glue.listener.GuardedQuicServer"),
     ("eloquent_plugins.transports.metrics", "from eloquent_plugins.cli.numbers import positive",
      "eloquent_plugins.cli.numbers.positive"),
     ("eloquent_vllm.serve", "from eloquent_plugins.engine import EngineConfig", "eloquent_plugins.engine.EngineConfig"),
@@ -194,14 +204,15 @@ def test_the_walker_finds_a_forbidden_import(module: str, source: str, target: s
     ("eloquent_plugins.core.sender", "eloquent_plugins.core.wire.encode_packet"),
     ("eloquent_plugins.core.hooks.manager", "pluggy"),
     ("eloquent_plugins.core.stall", "dataclasses.dataclass"),
-    ("eloquent_client.http3", "eloquent_plugins.h3glue.H3Datagrams"),
+    ("eloquent_client.http3", "eloquent_plugins.h3glue.common.DatagramH3Connection"),
+    ("eloquent_plugins.h3glue.listener", "eloquent_plugins.h3glue.common.abandon"),
     ("eloquent_client.client", "eloquent_plugins.core.assembler.Assembler"),
     ("eloquent_plugins.cli.commands.bench", "eloquent_plugins.cli.bench.e2e"),
     ("eloquent_plugins.cli.commands.demo", "eloquent_plugins.cli.harness.harness"),
     ("eloquent_plugins.cli.bench.e2e", "eloquent_plugins.cli.harness.harness"),
-    ("eloquent_plugins.transports.http3.server", "eloquent_plugins.h3glue.H3Datagrams"),
+    ("eloquent_plugins.transports.http3.server", "eloquent_plugins.h3glue.listener.GuardedQuicServer"),
     ("eloquent_tgi.gateway", "eloquent_plugins.transports.sse.middleware"),
-    ("eloquent_vllm.http3", "eloquent_plugins.transports.http3.start_http3_server"),
+    ("eloquent_vllm.http3", "eloquent_plugins.transports.http3.server.start_http3_server"),
     ("eloquent_plugins.cli.harness", "eloquent_plugins.engine.create_engine_app"),
     ("eloquent_plugins.sim.eloquent", "eloquent_plugins.core.sender.EloquentSender"),
     ("eloquent_plugins.engine.app", "starlette.applications.Starlette"),

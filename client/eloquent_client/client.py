@@ -1,5 +1,3 @@
-# long: one stream across its paths (the TCP/QUIC race, the move to datagrams, resume) is one piece of logic;
-# its parts live in attempts.py, handshakes.py and paths.py
 """``EloquentClient`` (async; ``AsyncEloquentClient`` is the same class): one API over every way of taking the
 same streaming request.
 
@@ -18,6 +16,7 @@ A stream the server made resumable (``x-eloquent-stream``) survives a cut -- a d
 has not rendered, over a new QUIC connection or, under ``auto`` when UDP is gone, over SSE, with the same
 headers (the caller binding) and ``Last-Event-ID``. Each event is yielded once, so the text is that of an uncut
 stream. Errors are the ``errors`` classes on every path, and ``status``/``headers`` are the server's own.
+The HTTP/3 side (the connection, ``auto``'s race) is ``race.H3Paths``; one try is ``attempts``.
 
     async with EloquentClient("http://127.0.0.1:8000", verify=False) as client:
         async with client.stream("POST", "/v1/chat/completions", json=body) as s:
@@ -42,7 +41,6 @@ import httpx
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.protocol import (
-    ALT_SVC_HEADER,
     DATAGRAM,
     H3_NO_ERROR,
     SCHEME_HEADER,
@@ -51,7 +49,6 @@ from eloquent_plugins.core.protocol import (
 )
 
 from eloquent_client.attempts import CONNECT_ERRORS, TRANSPORT_ERRORS, Attempt, open_h3, open_sse
-from eloquent_client.bounds import alt_svc_port
 from eloquent_client.errors import (
     ClientError,
     ConnectError,
@@ -61,10 +58,10 @@ from eloquent_client.errors import (
     StreamBroken,
     TLSVerificationError,
 )
-from eloquent_client.handshakes import handshakes
 from eloquent_client.http3 import Http3ClientConnection
 from eloquent_client.pacing import Pacing
 from eloquent_client.paths import DEFAULT_UDP_RETRY_AFTER, SHARED, PathMemory
+from eloquent_client.race import H3Paths
 from eloquent_client.response import Response, ResponseStream, StreamState
 
 Transport = Literal["auto", "eloquent", "h3-stream", "sse"]
@@ -120,23 +117,12 @@ class EloquentClient:
         self.limits = limits or Limits()
         self.headers = dict(headers or {})
         self.memory = path_memory if path_memory is not None else SHARED
-        self._host = parts.hostname
-        default_port = 443 if parts.scheme == "https" else 80
-        self._tcp_port = parts.port or default_port
-        self._origin = f"{parts.scheme}://{parts.hostname}:{self._tcp_port}"
-        self._h3_port = h3_port
-        self._alt_svc_ports = tuple(alt_svc_ports or ())
+        tcp_port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._origin = f"{parts.scheme}://{parts.hostname}:{tcp_port}"
         self._prefix = parts.path.rstrip("/")
-        self._h3: Http3ClientConnection | None = None
-        self._draining: set[Http3ClientConnection] = set()
-        """Connections whose server drains (it refused a new stream): their streams go on, new ones go elsewhere."""
-        self._h3_lock = asyncio.Lock()
-        self._h3_task: asyncio.Task[Http3ClientConnection] | None = None
-        """``auto``'s QUIC handshake, racing TCP (``_race``)."""
-        self._h3_started = 0.0
-        self._h3_task_port = 0
-        self._tls_error: TLSVerificationError | None = None
-        """A background handshake's TLS failure, raised by the next request (never hidden behind TCP)."""
+        self._paths = H3Paths(self, host=parts.hostname, tcp_port=tcp_port, origin=self._origin, h3_port=h3_port,
+                              alt_svc_ports=tuple(alt_svc_ports or ()))
+        """The HTTP/3 connections and ``auto``'s race."""
         self._http = http_client
         self._own_http = http_client is None
 
@@ -146,129 +132,24 @@ class EloquentClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    # ---- paths ----------------------------------------------------------------------------------------------
+    # ---- paths (the HTTP/3 side and its race: ``race.H3Paths``) -------------------------------------------
     @property
     def h3_port(self) -> int:
         """The UDP port HTTP/3 is tried on now."""
-        learned = alt_svc_port(self.memory.h3_port(self._origin), self._tcp_port, self._alt_svc_ports, self.verify)
-        return self._h3_port or learned or self._tcp_port
-
-    def _h3_up_now(self) -> Http3ClientConnection | None:
-        return self._h3 if self._h3 is not None and not self._h3.closed else None
+        return self._paths.port
 
     async def connection(self) -> Http3ClientConnection:
         """The HTTP/3 connection, opened on first use (with the whole ``timeout``) and reopened if it closed;
         raises ``ConnectError``."""
-        async with self._h3_lock:
-            conn = self._h3_up_now()
-            task = self._h3_task
-            if conn is None and task is not None and not task.done():  # ``auto``'s handshake is under way
-                with contextlib.suppress(ConnectError):
-                    await asyncio.shield(task)
-                conn = self._h3_up_now()
-            if conn is None:
-                conn = self._h3 = await self._connect_h3(self.h3_port)
-            return conn
-
-    async def _connect_h3(self, port: int, timeout: float | None = None) -> Http3ClientConnection:
-        conn = await Http3ClientConnection.connect(
-            self._host, port, verify=self.verify, timeout=timeout or self.timeout, limits=self.limits,
-            idle_timeout=self.quic_idle_timeout, stream_idle_timeout=self.stream_idle_timeout)
-        conn.abort_unanswered = self.transport == "auto"
-        return conn
-
-    def _race(self) -> asyncio.Task[Http3ClientConnection] | None:
-        """``auto``: the QUIC handshake, started in the background unless it runs already or the path is
-        remembered as blocked. It gets the whole ``timeout``: a handshake that lost packets retransmits and comes
-        up (a stream that began on TCP then moves over); only one that never hears back marks the path blocked."""
-        task = self._h3_task
-        port = self.h3_port
-        if task is not None and not task.done():
-            if port == self._h3_task_port:
-                return task
-            task.cancel()  # the origin advertised another UDP port meanwhile (``Alt-Svc``)
-        if self.memory.is_broken(self._host, port):
-            return None
-        self._h3_task = task = asyncio.get_running_loop().create_task(self._handshake(port))
-        task.add_done_callback(_retrieve)
-        self._h3_task_port = port
-        self._h3_started = time.monotonic()
-        return task
-
-    async def _handshake(self, port: int) -> Http3ClientConnection:
-        try:
-            conn = await handshakes(lambda timeout: self._connect_h3(port, timeout), self.timeout)
-        except TLSVerificationError as exc:
-            self._tls_error = exc
-            raise
-        except ConnectError as exc:
-            if not exc.answered:  # nothing ever came back: UDP is blocked on this path
-                self.memory.mark_broken(self._host, port, self.udp_retry_after)
-            raise
-        self.memory.mark_working(self._host, port)
-        if self._h3_up_now() is not None:  # ``connection()`` made one meanwhile
-            await conn.close()
-            return self._h3  # type: ignore[return-value]
-        if self._h3 is not None:  # one that closed: its successor takes over
-            await self._h3.close()
-        self._h3 = conn
-        return conn
-
-    async def _h3_up(self) -> Http3ClientConnection | None:
-        """The HTTP/3 connection to use now, or None for TCP: under ``auto`` QUIC gets ``h3_probe_timeout`` of
-        head start from the handshake's start, then TCP is used beside it (the race, ``_open``); the explicit
-        HTTP/3 transports connect (and raise); ``sse`` never. A TLS failure is raised, never hidden."""
-        if self.transport == "sse":
-            return None
-        if self.transport != "auto":
-            return await self.connection()
-        if self._tls_error is not None:
-            error, self._tls_error = self._tls_error, None
-            raise error
-        conn = self._h3_up_now()
-        if conn is not None:
-            return conn
-        task = self._race()
-        if task is None:
-            return None
-        head_start = self._h3_started + self.h3_probe_timeout - time.monotonic()
-        if not task.done() and head_start > 0:
-            await asyncio.wait({task}, timeout=head_start)
-        return self._raced(task)
-
-    def _raced(self, task: asyncio.Task[Http3ClientConnection]) -> Http3ClientConnection | None:
-        if not task.done() or task.cancelled():
-            return None
-        error = task.exception()
-        if isinstance(error, TLSVerificationError):
-            self._tls_error = None
-            raise error
-        return self._h3_up_now() if error is None else None
-
-    def _tcp_refused(self) -> Http3ClientConnection | None:
-        """TCP said no (refused, unreachable): the connection if QUIC is already up, else None -- and the
-        handshake is given up, since the server is not there (fast failure: TCP's answer is the signal)."""
-        conn = self._h3_up_now()
-        if conn is not None:
-            return conn
-        task = self._h3_task
-        if task is not None and not task.done():
-            task.cancel()
-        return None
+        return await self._paths.connection()
 
     async def h3_if_up(self) -> Http3ClientConnection | None:
-        """For a non-streaming request of the httpx transports: as ``_h3_up``."""
-        return await self._h3_up()
+        """For a non-streaming request of the httpx transports: as ``H3Paths.up``."""
+        return await self._paths.up()
 
     async def h3_after_tcp_failed(self, exc: BaseException) -> Http3ClientConnection | None:
         """A non-streaming request's TCP connect failed with ``exc``: the HTTP/3 connection if it is up."""
-        return self._tcp_refused() if self.transport == "auto" else None
-
-    def _udp_failed(self) -> None:
-        """A request over HTTP/3 got no head (the watchdog found the path silent): under ``auto``, UDP is skipped
-        for a while (backing off, ``paths``). A cut stream only resumes: its resume races UDP again."""
-        if self.transport == "auto":
-            self.memory.mark_broken(self._host, self.h3_port, self.udp_retry_after)
+        return self._paths.tcp_refused() if self.transport == "auto" else None
 
     async def _http_client(self) -> httpx.AsyncClient:
         if self._http is None:
@@ -276,12 +157,7 @@ class EloquentClient:
         return self._http
 
     def _learn(self, headers: Mapping[str, str]) -> None:
-        """Read ``Alt-Svc``; under ``auto`` a newly advertised UDP port gets its handshake at once, so the stream
-        that brought the header can move over to it."""
-        before = self.h3_port
-        self.memory.learn(self._origin, headers.get(ALT_SVC_HEADER.decode()))
-        if self.transport == "auto" and self.h3_port != before and self._h3_up_now() is None:
-            self._race()
+        self._paths.learn(headers)
 
     # ---- requests ------------------------------------------------------------------------------------------
     def _body(self, json: Any, content: bytes | None,
@@ -315,25 +191,22 @@ class EloquentClient:
             except StreamBroken:
                 # Closed cleanly by the server before the head came (it drained, then exited): nothing was
                 # started for this request there. Try again on a new connection.
-                ours = [c for c in (self._h3, *self._draining) if c is not None and c.closed]
+                ours = [c for c in self._paths.connections() if c.closed]
                 clean = any(c.close_event is not None and c.close_event.error_code in (0, H3_NO_ERROR) for c in ours)
                 if tcp_only or not clean or time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.05)
                 continue
             except HTTPStatusError as exc:
-                conn = self._h3
-                if (not _draining(exc) or tcp_only or conn is None or conn.closed
+                conn = self._paths.conn
+                if (not exc.draining or tcp_only or conn is None or conn.closed
                         or time.monotonic() > deadline):
                     raise
-                async with self._h3_lock:
-                    if self._h3 is conn:
-                        self._h3 = None
-                        self._draining.add(conn)
+                await self._paths.retire(conn)
                 if self.transport == "auto":
                     tcp_only = True
                 else:
-                    await asyncio.sleep(min(_retry_after(exc), max(0.0, deadline - time.monotonic())))
+                    await asyncio.sleep(min(exc.retry_after, max(0.0, deadline - time.monotonic())))
 
     async def _open(self, method: str, path: str, body: bytes, merged: dict[str, str], *, offset: int = 0,
                     last_event_id: str | None = None, tcp_only: bool = False) -> Attempt | None:
@@ -352,32 +225,32 @@ class EloquentClient:
                                  eloquent=self.transport in ("auto", "eloquent"), offset=offset,
                                  timeout=self.timeout, resuming=resuming)
 
-        conn = None if tcp_only else await self._h3_up()
+        conn = None if tcp_only else await self._paths.up()
         if conn is not None:
             try:
                 return await over_h3(conn)
             except StreamBroken:
                 if self.transport != "auto":
                     raise
-                self._udp_failed()  # connected, but the request got no answer: take TCP
+                self._paths.udp_failed()  # connected, but the request got no answer: take TCP
         sse = asyncio.ensure_future(open_sse(await self._http_client(), method, self.base_url + path, merged, body,
                                              offset=offset, resuming=resuming))
-        task = self._h3_task if self.transport == "auto" and conn is None and not tcp_only else None
+        task = self._paths.task if self.transport == "auto" and conn is None and not tcp_only else None
         try:
             if task is not None and not task.done():
                 await asyncio.wait({sse, task}, return_when=asyncio.FIRST_COMPLETED)
-                if not sse.done() and self._raced(task) is not None:
+                if not sse.done() and self._paths.raced(task) is not None:
                     await asyncio.wait({sse}, timeout=self.h3_probe_timeout)
                     if not sse.done():  # QUIC is up and TCP still silent: the request goes over HTTP/3
                         sse.cancel()
                         with contextlib.suppress(BaseException):
                             await sse
-                        conn = self._h3_up_now()
+                        conn = self._paths.up_now()
                         if conn is not None:
                             return await over_h3(conn)
             attempt = await sse
         except ConnectError:
-            conn = self._tcp_refused() if self.transport == "auto" and not tcp_only else None
+            conn = self._paths.tcp_refused() if self.transport == "auto" and not tcp_only else None
             if conn is None:
                 raise
             return await over_h3(conn)
@@ -419,7 +292,7 @@ class EloquentClient:
         client's SETTINGS (lost, not yet retransmitted), so the server did not know datagrams were welcome; it
         knows a moment later (``MOVE_AFTER``)."""
         if (self.transport != "auto" or not self.resume or state.token is None or state.moves >= MAX_MOVES
-                or event.kind != "data" or event.data == "[DONE]" or self._h3_up_now() is None):
+                or event.kind != "data" or event.data == "[DONE]" or self._paths.up_now() is None):
             return False
         return attempt.delivery == "sse" or (attempt.delivery == "h3-stream"
                                              and time.monotonic() - state.since >= MOVE_AFTER)
@@ -487,13 +360,13 @@ class EloquentClient:
         """A non-streaming request: over HTTP/3 when the transport allows and (``auto``) QUIC is up within its
         head start, else TCP (refused under ``auto``: ``ConnectError`` at once unless QUIC is up)."""
         body, merged = self._body(json, content, headers)
-        conn = await self._h3_up()
+        conn = await self._paths.up()
         if conn is None:
             client = await self._http_client()
             try:
                 r = await client.request(method, self.base_url + path, content=body, headers=merged)
             except CONNECT_ERRORS as exc:
-                conn = self._tcp_refused() if self.transport == "auto" else None
+                conn = self._paths.tcp_refused() if self.transport == "auto" else None
                 if conn is None:
                     raise ConnectError(f"cannot connect to {self._origin}: {exc}") from exc
             except TRANSPORT_ERRORS as exc:
@@ -514,39 +387,10 @@ class EloquentClient:
         return Response(h3.status or 0, h3.headers, content_bytes, "h3-stream")
 
     async def aclose(self) -> None:
-        task, self._h3_task = self._h3_task, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-        if self._h3 is not None:
-            await self._h3.close()
-            self._h3 = None
-        draining, self._draining = self._draining, set()
-        for conn in draining:
-            await conn.close()
+        await self._paths.aclose()
         if self._http is not None and self._own_http:
             await self._http.aclose()
             self._http = None
-
-
-def _draining(exc: HTTPStatusError) -> bool:
-    """A server's refusal of a new stream because it drains (``transports.drain``): safe to send elsewhere."""
-    error = exc.body.get("error") if exc.status == 503 and isinstance(exc.body, dict) else None
-    return isinstance(error, dict) and error.get("code") == "draining"
-
-
-def _retry_after(exc: HTTPStatusError) -> float:
-    try:
-        return min(5.0, max(0.0, float(exc.headers.get("retry-after", "1"))))
-    except ValueError:
-        return 1.0
-
-
-def _retrieve(task: asyncio.Task[Any]) -> None:
-    """A background handshake's failure is read where it matters (``_raced``); this keeps asyncio quiet."""
-    if not task.cancelled():
-        task.exception()
 
 
 AsyncEloquentClient = EloquentClient

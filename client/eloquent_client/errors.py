@@ -48,6 +48,20 @@ class HTTPStatusError(ClientError):
         self.content = b""
         """The raw body, when the client read it."""
 
+    @property
+    def draining(self) -> bool:
+        """A server's refusal of a new stream because it drains (``transports.drain``): safe to send elsewhere."""
+        error = self.body.get("error") if self.status == 503 and isinstance(self.body, dict) else None
+        return isinstance(error, dict) and error.get("code") == "draining"
+
+    @property
+    def retry_after(self) -> float:
+        """The ``Retry-After`` seconds, within 0..5 (1 when absent or not a number)."""
+        try:
+            return min(5.0, max(0.0, float(self.headers.get("retry-after", "1"))))
+        except ValueError:
+            return 1.0
+
 
 class StreamBroken(ClientError):
     """The stream was cut (connection lost, path silent past ``stream_idle_timeout``, reset) and could not be

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from eloquent_plugins.core.assembler import EloquentAssembler
 from eloquent_plugins.core.errors import EloquentError, ProtocolError
@@ -26,8 +26,15 @@ from eloquent_client.bounds import client_error
 from eloquent_client.errors import ClientError, IncompleteStream, StreamBroken
 from eloquent_client.events import ClientEvent
 
-if TYPE_CHECKING:
-    from eloquent_client.http3 import _ClientProtocol
+
+
+class StreamOwner(Protocol):
+    """What a stream asks of the connection that carries it (``http3._ClientProtocol``): close it when the server
+    broke the protocol, send an ack, and forget the stream when the application is done with it."""
+
+    def fail(self, error: ProtocolError) -> None: ...
+    def send_datagram(self, stream_id: int, data: bytes) -> None: ...
+    def forget(self, stream_id: int, *, cancel: bool) -> None: ...
 
 
 class Phase(Enum):
@@ -70,7 +77,7 @@ class StreamStats:
 class H3Stream:
     """One request's response as it arrives. Fed by the protocol; read with ``events()`` or ``read()``."""
 
-    def __init__(self, protocol: _ClientProtocol, stream_id: int, *, eloquent: bool, limits: Limits) -> None:
+    def __init__(self, protocol: StreamOwner, stream_id: int, *, eloquent: bool, limits: Limits) -> None:
         self._protocol = protocol
         self.stream_id = stream_id
         self.status: int | None = None

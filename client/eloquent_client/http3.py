@@ -25,7 +25,7 @@ from aioquic.quic.events import ConnectionTerminated, QuicEvent, StreamReset
 from eloquent_plugins.core.errors import ProtocolError
 from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.protocol import H3_REQUEST_CANCELLED, QUIC_MAX_DATAGRAM_SIZE, STREAM_HEADER
-from eloquent_plugins.h3glue import ALPN, DatagramH3Connection, H3Protocol, close_code, disable_pacing
+from eloquent_plugins.h3glue.common import ALPN, DatagramH3Connection, H3Protocol, close_code, disable_pacing
 
 from eloquent_client.errors import (
     ConnectError,

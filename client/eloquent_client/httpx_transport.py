@@ -181,7 +181,7 @@ class AsyncEloquentTransport(httpx.AsyncBaseTransport, httpx2.AsyncBaseTransport
             response = await manager.__aenter__()
         except HTTPStatusError as exc:  # the server's own answer: an ordinary response, as httpx would give it
             out = {k: v for k, v in exc.headers.items() if k.lower() not in _DROP_RESPONSE}
-            out[DELIVERY_HEADER] = "sse" if client._h3 is None or client._h3.closed else "h3-stream"
+            out[DELIVERY_HEADER] = "sse" if client._paths.up_now() is None else "h3-stream"
             error: AnyResponse = hx.Response(exc.status, headers=out, content=exc.content, request=request)
             return error
         out = {k: v for k, v in response.headers.items() if k.lower() not in _DROP_RESPONSE}

@@ -27,7 +27,8 @@ from eloquent_plugins.sim.links import RealLink
 from eloquent_plugins.sim.relay_record import Bottleneck
 from eloquent_plugins.sim.udp_relay import Relay, RelayConfig, start_relay
 from eloquent_plugins.transports.asgi import ASGIApp
-from eloquent_plugins.transports.http3 import FrontEndOptions, Http3Server, start_http3_server
+from eloquent_plugins.transports.http3.options import FrontEndOptions
+from eloquent_plugins.transports.http3.server import Http3Server, start_http3_server
 
 SCHEMES = ("eloquent", "stream", "duplicate")
 LABELS = {"eloquent": "Eloquent (datagrams)", "stream": "HTTP/3 stream (retransmission)",

@@ -8,7 +8,7 @@ Layout::
 
 Config rotation 0b111 is reserved (unroutable ids); server id plus nonce are at most 19 octets. The five low bits
 self-describe the length of what follows the first octet (the draft's length self-description). aioquic draws
-connection ids at random; ``h3glue.RoutableQuicConnection`` issues these instead (``--server-id``).
+connection ids at random; ``h3glue.listener.RoutableQuicConnection`` issues these instead (``--server-id``).
 """
 
 from __future__ import annotations

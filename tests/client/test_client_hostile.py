@@ -30,7 +30,7 @@ from eloquent_client.paths import MAX_ALT_SVC_AGE, PathMemory
 
 from eloquent_plugins.core.errors import LimitExceeded
 from eloquent_plugins.core.limits import Limits
-from eloquent_plugins.transports.http3 import dev_certificate
+from eloquent_plugins.transports.http3.certs import dev_certificate
 from tests.support.servers import free_port
 
 BUDGET = Limits(max_buffered_bytes=1 << 20)

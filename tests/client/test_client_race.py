@@ -101,7 +101,7 @@ async def test_blocked_udp_costs_the_first_token_nothing(served: Served) -> None
                 async for _ in s.text_deltas():
                     break
                 elapsed = time.monotonic() - started
-                pending = client._h3_task is not None and not client._h3_task.done()
+                pending = client._paths.task is not None and not client._paths.task.done()
                 deliveries = s.deliveries
             await client.aclose()
             assert transport == "sse" or pending, "the first token waited for the handshake to give up"

@@ -20,7 +20,7 @@ from eloquent_client import (
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.core.errors import ConfigError
-from eloquent_plugins.transports.http3 import start_http3_server
+from eloquent_plugins.transports.http3.server import start_http3_server
 from tests.support.servers import free_port
 
 BODY = {"model": "eloquent-builtin", "messages": [{"role": "user", "content": "three ways"}], "stream": True,

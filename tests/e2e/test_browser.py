@@ -30,7 +30,8 @@ from cryptography.hazmat.primitives import serialization
 from eloquent_plugins.core.stall import stall_metrics
 from eloquent_plugins.sim.netem import PathConfig
 from eloquent_plugins.sim.udp_relay import Relay, RelayConfig, start_relay
-from eloquent_plugins.transports.http3 import FrontEndOptions, dev_certificate
+from eloquent_plugins.transports.http3.certs import dev_certificate
+from eloquent_plugins.transports.http3.options import FrontEndOptions
 from tests.support.chromium import Chromium, Page, chromium_executable
 from tests.support.serve_thread import ServeThread
 from tests.support.udp_switch import UdpSwitch, start_switch

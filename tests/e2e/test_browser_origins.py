@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from eloquent_plugins.transports.http3 import dev_certificate
+from eloquent_plugins.transports.http3.certs import dev_certificate
 from eloquent_plugins.transports.http3.certs import cert_hash_document
 from tests.support.chromium import Chromium, Page, chromium_executable
 from tests.support.serve_thread import ServeThread

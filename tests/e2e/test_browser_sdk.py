@@ -25,7 +25,7 @@ from eloquent_plugins.cli.bench.chromium import Chromium
 from eloquent_plugins.cli.bench.firefox import Firefox
 from eloquent_plugins.sim.netem import PathConfig
 from eloquent_plugins.sim.udp_relay import Relay, RelayConfig, start_relay
-from eloquent_plugins.transports.http3 import FrontEndOptions
+from eloquent_plugins.transports.http3.options import FrontEndOptions
 from tests.support.importmap import NODE_MODULES
 from tests.support.sdk_site import PAGE_PATH, SdkSite
 from tests.support.serve_thread import ServeThread

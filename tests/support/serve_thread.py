@@ -17,11 +17,8 @@ from eloquent_plugins.cli.app_factory import build_app
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.hooks.manager import create_plugin_manager
 from eloquent_plugins.transports.cors import CorsMiddleware, parse_origins
-from eloquent_plugins.transports.http3 import (
-    FrontEndOptions,
-    Http3Server,
-    start_http3_server,
-)
+from eloquent_plugins.transports.http3.options import FrontEndOptions
+from eloquent_plugins.transports.http3.server import Http3Server, start_http3_server
 
 
 def _free_tcp_port() -> int:

@@ -22,7 +22,7 @@ from eloquent_plugins.core.assembler import EloquentAssembler
 from eloquent_plugins.core.events import EventKind, StreamEvent
 from eloquent_plugins.core.protocol import QUIC_MAX_DATAGRAM_SIZE
 from eloquent_plugins.core.wire import peek_stream_id
-from eloquent_plugins.h3glue import ALPN, DatagramH3Connection
+from eloquent_plugins.h3glue.common import ALPN, DatagramH3Connection
 
 
 @dataclass

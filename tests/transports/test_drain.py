@@ -167,6 +167,7 @@ def test_drain_timeout_reads_the_environment() -> None:
 async def test_http3_new_stream_refused_by_a_draining_server_goes_to_a_new_connection() -> None:
     from eloquent_client import EloquentClient
 
+    from eloquent_plugins.transports.http3.lifecycle import ConnectionState
     from eloquent_plugins.transports.http3.server import start_http3_server
     from tests.support.udp_switch import start_switch
 
@@ -187,7 +188,8 @@ async def test_http3_new_stream_refused_by_a_draining_server_goes_to_a_new_conne
                     if len(texts) == 3:
                         assert a.drain.begin("test")
                         switch.target = ("127.0.0.1", srv_b.port)  # the balancer now sends new sessions to b
-                        await wait_until(lambda: any(c.goaway_sent for c in srv_a._state.connections), "GOAWAY")
+                        await wait_until(lambda: any(c.lifecycle is ConnectionState.GOING_AWAY
+                                                     for c in srv_a._state.connections), "GOAWAY")
                         async with client.stream("POST", CHAT, json=chat_body("new during the drain", 5)) as new:
                             assert new.status == 200 and await new.text()
                 assert first.deliveries == ["datagram"]

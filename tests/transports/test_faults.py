@@ -26,7 +26,8 @@ from eloquent_client import ClientError, EloquentClient, StreamFailed
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.sim.netem import Outage
-from eloquent_plugins.transports.http3 import FrontEndOptions, start_http3_server
+from eloquent_plugins.transports.http3.options import FrontEndOptions
+from eloquent_plugins.transports.http3.server import start_http3_server
 from eloquent_plugins.sim.udp_relay import RelayConfig, start_relay
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 from eloquent_plugins.core.sse_reader import SSEParser

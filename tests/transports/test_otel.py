@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from eloquent_plugins.transports.config import StreamConfig  # noqa: E402
 from eloquent_plugins.core.sse_reader import SSEParser  # noqa: E402
 from eloquent_plugins.engine import EngineConfig, create_engine_app  # noqa: E402
-from eloquent_plugins.transports.http3 import start_http3_server  # noqa: E402
+from eloquent_plugins.transports.http3.server import start_http3_server  # noqa: E402
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware  # noqa: E402
 from eloquent_plugins.transports.telemetry import RESUME_SPAN, STREAM_SPAN, configure_from_env  # noqa: E402
 from tests.support.servers import UvicornThread  # noqa: E402

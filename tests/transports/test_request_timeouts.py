@@ -29,7 +29,7 @@ from eloquent_plugins.transports.request_timeouts import (
     BodyTimeoutMiddleware,
     header_timeout_protocol,
 )
-from eloquent_plugins.transports.http3 import start_http3_server
+from eloquent_plugins.transports.http3.server import start_http3_server
 from eloquent_plugins.transports.sse.ids import client_key
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 from tests.support.servers import eloquent_serve

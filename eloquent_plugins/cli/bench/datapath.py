@@ -64,14 +64,11 @@ async def _serve(end: LinkEnd, tpot: float, tokens: int) -> Any:
     without its socket)."""
     from eloquent_plugins.transports.config import StreamConfig
     from eloquent_plugins.engine import EngineConfig, create_engine_app
-    from eloquent_plugins.h3glue import GuardedQuicServer
+    from eloquent_plugins.h3glue.listener import GuardedQuicServer
     from eloquent_plugins.transports.http3.connection import Http3Connection
-    from eloquent_plugins.transports.http3.server import (
-        FrontEndOptions,
-        ServerState,
-        codec_router,
-        quic_server_configuration,
-    )
+    from eloquent_plugins.transports.http3.options import FrontEndOptions
+    from eloquent_plugins.transports.http3.server import codec_router, quic_server_configuration
+    from eloquent_plugins.transports.http3.state import ServerState
 
     app = create_engine_app(EngineConfig(ttft=0.05, tpot=tpot, max_tokens_limit=max(8192, tokens)))
     options, config = FrontEndOptions(), StreamConfig()

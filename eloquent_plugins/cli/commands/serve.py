@@ -105,7 +105,8 @@ async def serve(args: argparse.Namespace, config) -> int:  # type: ignore[no-unt
     h3 = None
     if config.stream_transport == "eloquent":
         from eloquent_plugins.transports.cors import parse_origins
-        from eloquent_plugins.transports.http3.server import FrontEndOptions, start_http3_server
+        from eloquent_plugins.transports.http3.options import FrontEndOptions
+        from eloquent_plugins.transports.http3.server import start_http3_server
 
         udp_port = config.eloquent_port if config.eloquent_port is not None else args.port
         try:

@@ -1,7 +1,6 @@
-# long: QUIC/HTTP/3 event dispatch and the datagram pump (app sends, acks, timers) drive one connection state together
 """One client connection of the HTTP/3 front end: QUIC and HTTP/3 events in, dispatched to requests, and the
-wire out. Network events and timers end in ``pump``, which runs the datagram scheduler; an app's send ends in
-``pump_stream``, which sends that stream's new datagrams first and runs the rest of the pump after.
+wire out. Network events and timers end in ``pump``, an app's send in ``pump_stream``: both run the connection's
+``pump.DatagramPump`` (the datagram scheduler's plan and its timer). Its lifecycle is ``lifecycle.ConnectionState``.
 
 A client that breaks the protocol (garbage datagrams, acks for events never sent, ack floods, datagrams for no
 live stream beyond a token bucket) has this connection closed with the error's code; other connections go on.
@@ -12,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aioquic.h3.events import DatagramReceived, DataReceived, H3Event, HeadersReceived
 from aioquic.h3.events import WebTransportStreamDataReceived as WebTransportData
@@ -27,19 +26,16 @@ from aioquic.quic.events import (
 from eloquent_plugins.core.errors import LimitExceeded, ProtocolError
 from eloquent_plugins.core.hooks.manager import StreamHooks
 from eloquent_plugins.core.hooks.specs import StreamInfo
-from eloquent_plugins.core.protocol import H3_NO_ERROR, H3_REQUEST_CANCELLED
+from eloquent_plugins.core.protocol import H3_NO_ERROR
 from eloquent_plugins.core.scheme import Scheme, UnknownScheme, scheme_for
-from eloquent_plugins.h3glue import (
+from eloquent_plugins.h3glue.common import (
     ALPN,
     DatagramH3Connection,
     H3Protocol,
     close_code,
-    datagram_room,
     disable_pacing,
-    has_pending_datagrams,
     peer_address,
-    peer_max_datagram_frame_size,
-    request_probe,
+    peer_closed,
     stream_send_backlog,
 )
 from eloquent_plugins.transports.asgi import HOOKS_EXTENSION
@@ -50,13 +46,14 @@ from eloquent_plugins.transports.http3.guards import (
     connection_limits,
     unroutable_bucket,
 )
-from eloquent_plugins.transports.http3.request import Request, http_scope
-from eloquent_plugins.transports.http3.scheduler import DatagramScheduler, Plan, StepKind, fits
+from eloquent_plugins.transports.http3.lifecycle import ConnectionState, advance
+from eloquent_plugins.transports.http3.request import Request
+from eloquent_plugins.transports.http3.scope import http_scope
+from eloquent_plugins.transports.http3.pump import DatagramPump
+from eloquent_plugins.transports.http3.scheduler import DatagramScheduler
+from eloquent_plugins.transports.http3.state import ServerState
 from eloquent_plugins.transports.http3.webtransport import WebTransportSessions, is_session_request
 from eloquent_plugins.transports.metrics import TRANSPORT_EXTENSION, h3_transport
-
-if TYPE_CHECKING:
-    from eloquent_plugins.transports.http3.server import ServerState
 
 log = logging.getLogger("eloquent_plugins.transports.http3")
 
@@ -70,20 +67,13 @@ class Http3Connection(H3Protocol):
         self.limits = connection_limits(state.config.limits)
         self.scheduler = DatagramScheduler(self.limits.max_datagram_size)
         self._unroutable = unroutable_bucket(self.loop.time())
-        self._deadline_handle: asyncio.TimerHandle | None = None
-        self._deadline_at: float | None = None
-        self._pump_handle: asyncio.Handle | None = None
-        self._rest_handle: asyncio.TimerHandle | None = None
-        """``pump_stream``'s deferred plan (timers and the other streams), after the I/O that is ready."""
-        self._send_batch = 0
-        """With ``record_timings``: counts the transmits that carry datagrams (which sends share a packet)."""
-        self.terminated = False
+        self.datagram_pump = DatagramPump(self, self.scheduler)
+        self.lifecycle = ConnectionState.CONNECTING
+        """Where the connection is in its life (``lifecycle.ConnectionState``; moves only by ``_enter``)."""
         self.error_code: int | None = None
+        """The code this end closed the connection with (``FAILED``)."""
         self.next_request_stream = 0
         """The lowest client request stream id not seen yet (what a GOAWAY names)."""
-        self.goaway_sent = False
-        self.close_when_idle = False
-        """The drain is over: close once the last request (an Eloquent stream's tail included) is done."""
         path = state.options.webtransport_path
         self.webtransport = WebTransportSessions(self, path, state.options.origin_policy()) if path else None
         """Browser sessions (docs/BROWSER.md); None when ``webtransport_path`` is off."""
@@ -91,12 +81,26 @@ class Http3Connection(H3Protocol):
             disable_pacing(self.quic)
         state.connections.add(self)
 
+    def _enter(self, state: ConnectionState) -> None:
+        self.lifecycle = advance(self.lifecycle, state)
+
+    @property
+    def terminated(self) -> bool:
+        return self.lifecycle is ConnectionState.TERMINATED
+
+    @property
+    def negotiated(self) -> bool:
+        """HTTP/3 was negotiated (ALPN h3): requests can be answered."""
+        return self.h3 is not None
+
     @property
     def peer_accepts_datagrams(self) -> bool:
         return self.h3 is not None and self.h3.peer_accepts_datagrams
 
     # ---- network -----------------------------------------------------------------------------------------
     def after_input(self) -> None:
+        if not self.terminated and peer_closed(self.quic):
+            self._gone()  # the client closed the connection: its readers are gone now, not 3 x PTO later
         self.acknowledge_now()  # QUIC's ACK of the input (a client's ack datagram) goes now, not in a token's packet
         self.pump()
 
@@ -105,18 +109,16 @@ class Http3Connection(H3Protocol):
 
     def quic_event_received(self, event: QuicEvent) -> None:
         if isinstance(event, ProtocolNegotiated):
-            if event.alpn_protocol in ALPN:
+            if event.alpn_protocol in ALPN and self.lifecycle is ConnectionState.CONNECTING:
                 self.h3 = DatagramH3Connection(self.quic, webtransport=self.webtransport is not None)
+                self._enter(ConnectionState.OPEN)
                 drain = self.state.drain
                 if drain is not None and drain.draining:
                     self.goaway()
         elif isinstance(event, ConnectionTerminated):
-            self.terminated = True
             self.state.connections.discard(self)
-            for request in list(self.requests.values()):
-                request.disconnect()
-            self.scheduler.clear()
-            self._cancel_timers()
+            if not self.terminated:
+                self._gone()
         elif isinstance(event, StreamReset | StopSendingReceived):
             request = self.requests.get(event.stream_id)
             if request is not None:
@@ -126,8 +128,17 @@ class Http3Connection(H3Protocol):
                 self.webtransport.stream_gone(event.stream_id)
         if self.h3 is not None and not self.terminated:
             for h3_event in self.h3.handle_event(event):
-                if self.error_code is None:
+                if self.lifecycle is not ConnectionState.FAILED:
                     self._h3_event(h3_event)
+
+    def _gone(self) -> None:
+        """The peer is gone (its CONNECTION_CLOSE arrived, or QUIC ended the connection): every request hears
+        ``http.disconnect`` now, so the engine stops generating for readers that left."""
+        self._enter(ConnectionState.TERMINATED)
+        for request in list(self.requests.values()):
+            request.disconnect()
+        self.scheduler.clear()
+        self.datagram_pump.cancel()
 
     def _h3_event(self, event: H3Event) -> None:
         wt = self.webtransport
@@ -174,8 +185,9 @@ class Http3Connection(H3Protocol):
 
     def fail(self, error: ProtocolError) -> None:
         """Close the whole connection with the error's code (the peer broke the protocol)."""
-        if self.terminated or self.error_code is not None:
+        if self.lifecycle in (ConnectionState.FAILED, ConnectionState.TERMINATED):
             return
+        self._enter(ConnectionState.FAILED)
         self.error_code = close_code(error)
         self.state.closed_with_error += 1
         log.info("closing connection: %s (code 0x%x)", error, self.error_code)
@@ -247,7 +259,7 @@ class Http3Connection(H3Protocol):
         self.requests.pop(stream_id, None)
         if self.webtransport is not None:
             self.webtransport.forget(stream_id)
-        if self.close_when_idle and not self.requests:
+        if self.lifecycle is ConnectionState.CLOSING and not self.requests:
             self.close_drained()
 
     def track_eloquent(self, request: Request) -> None:
@@ -256,11 +268,11 @@ class Http3Connection(H3Protocol):
 
     def _drop_eloquent(self, stream_id: int) -> None:
         if self.scheduler.drop(stream_id):
-            self._forget_if_idle(stream_id)
+            self.forget_if_idle(stream_id)
 
     drop_stream = _drop_eloquent  # a WebTransport session ended: its requests' datagrams stop
 
-    def _forget_if_idle(self, stream_id: int) -> None:
+    def forget_if_idle(self, stream_id: int) -> None:
         """A stream left the scheduler: its request goes too unless its app is still running."""
         request = self.requests.get(stream_id)
         if request is not None and request.eloquent is not None and request.task is None:
@@ -317,140 +329,32 @@ class Http3Connection(H3Protocol):
             if not request.drained.is_set() and self.backlog(request.stream_id) <= STREAM_HIGH_WATER:
                 request.drained.set()
 
-    # ---- datagram scheduling -----------------------------------------------------------------------------
-    def pump_soon(self) -> None:
-        if self._pump_handle is None and not self.terminated:
-            self._pump_handle = self.loop.call_soon(self.pump)
-
+    # ---- datagram scheduling (``pump.DatagramPump``) ------------------------------------------------------
     def pump(self) -> None:
-        self._pump_handle = None
-        if self.terminated or self.h3 is None or self.error_code is not None:
-            self.transmit()
-            return
-        quic = self.quic
-        plan = self.scheduler.plan(self.loop.time(), datagram_room(quic),
-                                   transport_queue_empty=not has_pending_datagrams(quic))
-        self._execute(plan)
-        self.transmit()
-        self._schedule_deadline()
+        self.datagram_pump.run()
+
+    def pump_soon(self) -> None:
+        self.datagram_pump.soon()
 
     def pump_stream(self, stream_id: int) -> None:
-        """The app pushed events on ``stream_id``: their datagrams leave first (``DatagramScheduler.direct``);
-        the full plan (timers, the other streams) runs later, once the I/O already waiting has been served: work
-        before the send, or between the send and the next read, is render latency (issue 19)."""
-        quic = self.quic
-        if self.terminated or self.h3 is None or self.error_code is not None or has_pending_datagrams(quic):
-            self.pump()
-            return
-        batch = self.scheduler.direct(stream_id, self.loop.time(), datagram_room(quic))
-        if batch is None:
-            self.pump()
-            return
-        if batch:
-            self._send_datagrams(batch)
-            self.transmit()
-        if self._rest_handle is None:
-            # On asyncio's loop a timer due now runs after the I/O callbacks of the next turn (``call_soon`` would
-            # run before them): acks and other streams' packets already waiting go first, the bookkeeping after.
-            # uvloop runs due timers before its poll: there the plan simply comes one turn later.
-            self._rest_handle = self.loop.call_at(self.loop.time(), self._pump_rest)
-
-    def _pump_rest(self) -> None:
-        """The plan after ``pump_stream``'s send: timers, fallbacks, the other streams; a transmit only if it
-        produced something (an empty transmit still costs aioquic a packet build)."""
-        self._rest_handle = None
-        if self.terminated or self.h3 is None or self.error_code is not None:
-            return
-        quic = self.quic
-        plan = self.scheduler.plan(self.loop.time(), datagram_room(quic),
-                                   transport_queue_empty=not has_pending_datagrams(quic))
-        if plan.steps or plan.datagrams or plan.probe:
-            self._execute(plan)
-            self.transmit()
-        self._schedule_deadline()
-
-    def _execute(self, plan: Plan) -> None:
-        if plan.probe:
-            request_probe(self.quic)
-        for step in plan.steps:
-            if step.kind is StepKind.FALLBACK:
-                self.send_data(step.stream_id, step.data, True)
-            elif step.kind is StepKind.STALLED:
-                request = self.requests.get(step.stream_id)
-                timeout = request.eloquent.ack_timeout if request is not None and request.eloquent else 0.0
-                log.info("stream %d: no ack progress for %.1f s; cancelling it", step.stream_id, timeout)
-                self.reset(step.stream_id, H3_REQUEST_CANCELLED)
-                if request is not None:
-                    request.disconnect()
-            else:
-                self.send_data(step.stream_id, b"", True)
-            self._forget_if_idle(step.stream_id)
-        if plan.datagrams:
-            self._send_datagrams(plan.datagrams)
-
-    def _send_datagrams(self, batch: list[tuple[int, bytes]]) -> None:
-        assert self.h3 is not None
-        limit = peer_max_datagram_frame_size(self.quic) or 0
-        previous_stream: int | None = None
-        record = self.state.options.record_timings
-        self._send_batch += record
-        wt = self.webtransport
-        for stream_id, datagram in batch:
-            target = wt.datagram_target(stream_id) if wt is not None else stream_id  # a session's, for WebTransport
-            if not fits(target, datagram, limit):
-                continue  # cannot happen with our budget; never let one jam aioquic's queue
-            if stream_id == previous_stream:
-                # A copy (duplication, redundancy) or a split run's rest: own QUIC packet, or one loss kills both
-                self.transmit()
-                self._send_batch += record
-            self.h3.send_datagram(target, datagram)
-            previous_stream = stream_id
-            if record:
-                self._record_send(stream_id, datagram)
-
-    def _record_send(self, stream_id: int, datagram: bytes) -> None:
-        """Benchmarks' per-token timelines: when each datagram of a request went to QUIC (``record_timings``)."""
-        if (request := self.requests.get(stream_id)) is not None:
-            sends = self.state.sends
-            entry = sends.setdefault(request.request_id, (request.scope.get("client"), []))
-            entry[1].append((self.loop.time(), datagram, self._send_batch))
-            while len(sends) > self.state.options.timings_kept:
-                sends.popitem(last=False)
-
-    def _schedule_deadline(self) -> None:
-        deadline = self.scheduler.next_deadline()
-        if deadline == self._deadline_at:
-            return
-        if self._deadline_handle is not None:
-            self._deadline_handle.cancel()
-            self._deadline_handle = None
-        self._deadline_at = deadline
-        if deadline is not None:
-            self._deadline_handle = self.loop.call_at(deadline, self._on_deadline)
-
-    def _on_deadline(self) -> None:
-        self._deadline_handle = None
-        self._deadline_at = None
-        self.pump()
-
-    def _cancel_timers(self) -> None:
-        for handle in (self._deadline_handle, self._pump_handle, self._rest_handle):
-            if handle is not None:
-                handle.cancel()
+        """The app pushed events on ``stream_id``: their datagrams leave now (``DatagramPump.stream``)."""
+        self.datagram_pump.stream(stream_id)
 
     def goaway(self) -> None:
         """The server drains: tell the client to open new requests elsewhere (requests that still come get the
         middleware's 503; those under way go on)."""
-        if self.h3 is not None and not self.goaway_sent and not self.terminated:
-            self.goaway_sent = self.h3.send_goaway(self.next_request_stream)
+        if self.h3 is not None and self.lifecycle is ConnectionState.OPEN:
+            if self.h3.send_goaway(self.next_request_stream):
+                self._enter(ConnectionState.GOING_AWAY)
             self.transmit()
 
     def close_drained(self, *, force: bool = False) -> None:
         """The drain is over: close, so that a client goes elsewhere. A connection still delivering a stream's
         last datagrams (acks, trailer) closes when that is done, unless ``force`` (streams were handed over at the
         deadline: their clients resume elsewhere now)."""
+        if self.lifecycle in (ConnectionState.OPEN, ConnectionState.GOING_AWAY):
+            self._enter(ConnectionState.CLOSING)
         if self.requests and not force:
-            self.close_when_idle = True
             return
         if not self.terminated:
             self.quic.close(error_code=H3_NO_ERROR, reason_phrase="server drained")
@@ -467,4 +371,4 @@ class Http3Connection(H3Protocol):
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        self._cancel_timers()
+        self.datagram_pump.cancel()

@@ -1,7 +1,8 @@
 """One HTTP/3 request: the ASGI bridge (``receive``/``send``/``run``) and its response, plain or Eloquent.
 
 The request owns its lifecycle (``RequestState``) and decides what goes on its stream; the connection owns the
-wire (``send_headers``/``send_data``/``reset``/``transmit``) and the datagram scheduler. Every JSON error body
+wire (``send_headers``/``send_data``/``reset``/``transmit``) and the datagram scheduler, and is seen here only
+through ``RequestHost``, the few members a request uses (so a request can be built and tested on its own). Every JSON error body
 comes from the route's codec, so a TGI or Triton route answers in its own format.
 """
 
@@ -11,14 +12,14 @@ import asyncio
 import logging
 import os
 from dataclasses import replace
-from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from eloquent_plugins.core.codecs.base import Codec
 from eloquent_plugins.core.errors import LimitExceeded
 from eloquent_plugins.core.events import StreamEvent
 from eloquent_plugins.core.hooks.manager import StreamHooks
 from eloquent_plugins.core.keepalive import KeepAliveTimer
+from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.protocol import (
     DATAGRAM,
     H3_INTERNAL_ERROR,
@@ -32,13 +33,12 @@ from eloquent_plugins.core.padding import REQUEST_HEAD_MAX, datagram_policy, dec
 from eloquent_plugins.core.scheme import Scheme, sender_config_for
 from eloquent_plugins.core.sse_reader import SSEParser
 from eloquent_plugins.core.sse_writer import format_event
-from eloquent_plugins.h3glue import CONNECTION_SPECIFIC
+from eloquent_plugins.h3glue.common import CONNECTION_SPECIFIC
 from eloquent_plugins.transports.access_log import request_line
 from eloquent_plugins.transports.asgi import HOOKS_EXTENSION
 from eloquent_plugins.transports.http3.guards import STREAM_HIGH_WATER, BodyGuard, Rejection
-
-if TYPE_CHECKING:
-    from eloquent_plugins.transports.http3.connection import Http3Connection
+from eloquent_plugins.transports.http3.lifecycle import RequestState
+from eloquent_plugins.transports.http3.state import ServerState
 
 log = logging.getLogger("eloquent_plugins.transports.http3")
 
@@ -46,35 +46,42 @@ _SSE_SLACK = 4096
 """Bytes an SSE message may take beyond its event payload (field names, id, event type)."""
 
 
-def http_scope(method: bytes | None, path: bytes | None, headers: list[tuple[bytes, bytes]], *,
-               client: Any, server: Any) -> dict[str, Any]:
-    """The ASGI scope of an HTTP/3 request (or a WebTransport stream's request)."""
-    raw_path, _, query = (path or b"/").partition(b"?")
-    return {
-        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "3",
-        "method": (method or b"GET").decode("latin-1"), "scheme": "https",
-        "path": raw_path.decode("utf-8", errors="replace"), "raw_path": raw_path, "query_string": query,
-        "root_path": "", "headers": headers, "client": client,
-        "server": tuple(server[:2]) if server else None, "extensions": {},
-    }
+class RequestHost(Protocol):
+    """What a request needs of the connection it runs on (``Http3Connection``): the shared state, the loop, the
+    wire of its own stream, and the datagram pump. Nothing else of the connection is the request's business."""
 
+    state: ServerState
+    limits: Limits
+    error_code: int | None
+    """Set when the connection failed (closed by us with that code)."""
 
-class RequestState(Enum):
-    """One request's lifecycle on the front end (docs/PROTOCOL.md, section 8). The request body is tracked
-    apart, by its ``BodyGuard``: a response may start before the body is in."""
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def terminated(self) -> bool: ...
+    @property
+    def negotiated(self) -> bool: ...  # HTTP/3 is up: a response can go out
+    @property
+    def peer_accepts_datagrams(self) -> bool: ...
 
-    PENDING = "pending"
-    """No response yet: the app may start one, or the front end refuses the request."""
-    STARTED = "started"
-    """The response headers went out; the body is being written."""
-    FINISHED = "finished"
-    """The response ended (or its stream was reset); later sends are dropped."""
-    DISCONNECTED = "disconnected"
-    """The app was told ``http.disconnect`` (client gone, response complete, or cut): nothing more is sent."""
+    # the wire of the request's own stream
+    def send_headers(self, stream_id: int, headers: list[tuple[bytes, bytes]], end_stream: bool = False) -> bool: ...
+    def send_data(self, stream_id: int, data: bytes, end_stream: bool) -> bool: ...
+    def reset(self, stream_id: int, code: int) -> None: ...
+    def stop_reading(self, stream_id: int, code: int = H3_NO_ERROR) -> None: ...
+    def backlog(self, stream_id: int) -> int: ...
+    def transmit(self) -> None: ...
+
+    # the datagram pump, and the connection's book of its requests
+    def track_eloquent(self, request: Request) -> None: ...
+    def pump_stream(self, stream_id: int) -> None: ...
+    def pump_soon(self) -> None: ...
+    def request_done(self, request: Request) -> None: ...
+    def forget(self, request: Request) -> None: ...
 
 
 class Request:
-    def __init__(self, conn: Http3Connection, stream_id: int, scope: dict[str, Any], scheme: Scheme,
+    def __init__(self, conn: RequestHost, stream_id: int, scope: dict[str, Any], scheme: Scheme,
                  codec: Codec) -> None:
         self.conn = conn
         self.stream_id = stream_id
@@ -212,7 +219,7 @@ class Request:
     def reject(self, refusal: Rejection) -> None:
         """An error response before the app answered (or instead of it); a reset once it had started."""
         conn = self.conn
-        if self.state is not RequestState.PENDING or conn.h3 is None or conn.terminated:
+        if self.state is not RequestState.PENDING or not conn.negotiated or conn.terminated:
             conn.reset(self.stream_id, H3_REQUEST_CANCELLED)
         else:
             self.state = RequestState.STARTED
@@ -354,7 +361,7 @@ class Request:
                 self.finish_eloquent(stream.fail(f"{type(error).__name__}: {error}", conn.loop.time()))
                 conn.pump_soon()
             return
-        if self.sse is not None and conn.h3 is not None and self.state is RequestState.STARTED:
+        if self.sse is not None and conn.negotiated and self.state is RequestState.STARTED:
             # An in-band error event after the 200, in the route's format (vLLM does the same for OpenAI).
             payload = self.codec.error_payload("internal server error", error_type="InternalServerError",
                                                status=500)

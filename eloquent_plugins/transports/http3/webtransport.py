@@ -25,26 +25,62 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from aioquic.h3.events import HeadersReceived, WebTransportStreamDataReceived
 
 from eloquent_plugins.core.errors import DecodeError
-from eloquent_plugins.core.protocol import H3_REQUEST_CANCELLED
+from eloquent_plugins.core.limits import Limits
+from eloquent_plugins.core.protocol import H3_NO_ERROR, H3_REQUEST_CANCELLED
 from eloquent_plugins.core.wire import peek_stream_id
 from eloquent_plugins.transports.cors import OriginPolicy
 from eloquent_plugins.transports.http3.guards import Rejection
-
-if TYPE_CHECKING:
-    from eloquent_plugins.transports.http3.connection import Http3Connection
+from eloquent_plugins.transports.http3.state import ServerState
 
 log = logging.getLogger("eloquent_plugins.transports.http3")
 
 MAX_HEAD_BYTES = 64 << 10
 """Longest JSON head line a request stream may send (the JS client's limit for the status line too)."""
-DEFAULT_PATH = "/eloquent/wt"
-"""Where WebTransport sessions are served unless the front end is told otherwise (the JS client's default too)."""
+
+
+class SessionRequest(Protocol):
+    """What the sessions do with a request their stream carries: feed it the body, tell it the session ended."""
+
+    def on_body(self, data: bytes, ended: bool) -> None: ...
+
+    def disconnect(self) -> None: ...
+
+
+class RawStreams(Protocol):
+    """Where a WebTransport stream's raw bytes go (aioquic's ``QuicConnection``: no HTTP/3 framing on them)."""
+
+    def send_stream_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> None: ...
+
+
+class SessionHost(Protocol):
+    """What the WebTransport sessions need of their connection (``Http3Connection``): the shared state, the
+    loop, its limits, the wire, and the requests it runs for the sessions' streams."""
+
+    state: ServerState
+    limits: Limits
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def quic(self) -> RawStreams: ...
+    @property
+    def requests(self) -> Mapping[int, SessionRequest]: ...
+
+    def send_headers(self, stream_id: int, headers: list[tuple[bytes, bytes]], end_stream: bool = False) -> bool: ...
+    def transmit(self) -> None: ...
+    def reset(self, stream_id: int, code: int) -> None: ...
+    def stop_reading(self, stream_id: int, code: int = H3_NO_ERROR) -> None: ...
+    def drop_stream(self, stream_id: int) -> None: ...
+    def open_request(self, stream_id: int, method: bytes | None, path: bytes | None,
+                     headers: list[tuple[bytes, bytes]], *, ended: bool, transport: str = "h3",
+                     refusal: Rejection | None = None) -> SessionRequest | None: ...
 
 
 @dataclass(slots=True)
@@ -108,7 +144,7 @@ def status_line(headers: list[tuple[bytes, bytes]], stream_id: int) -> bytes:
 class WebTransportSessions:
     """The WebTransport sessions of one connection and the request streams they carry."""
 
-    def __init__(self, conn: Http3Connection, path: str, policy: OriginPolicy | None = None) -> None:
+    def __init__(self, conn: SessionHost, path: str, policy: OriginPolicy | None = None) -> None:
         self.conn = conn
         self.path = path.encode()
         self.policy = policy or OriginPolicy()

@@ -10,8 +10,8 @@ import pytest
 from eloquent_client import EloquentClient, H3Stream, Http3ClientConnection
 
 from eloquent_plugins.core.errors import DecodeError, LimitExceeded, ProtocolViolation
-from eloquent_plugins.h3glue import connection_of
-from eloquent_plugins.transports.http3 import Http3Server
+from eloquent_plugins.h3glue.common import connection_of
+from eloquent_plugins.transports.http3.server import Http3Server
 from eloquent_plugins.core.wire import AckPacket, encode_packet
 
 BODY = {"model": "eloquent-builtin", "messages": [{"role": "user", "content": "abuse"}], "stream": True,

@@ -9,9 +9,9 @@ from eloquent_client import EloquentClient
 
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
-from eloquent_plugins.h3glue import congestion_window, pending_datagram_bytes
+from eloquent_plugins.h3glue.common import congestion_window, pending_datagram_bytes
 from eloquent_plugins.sim.netem import LossSchedule, PathConfig
-from eloquent_plugins.transports.http3 import start_http3_server
+from eloquent_plugins.transports.http3.server import start_http3_server
 from eloquent_plugins.sim.udp_relay import RelayConfig, start_relay
 
 

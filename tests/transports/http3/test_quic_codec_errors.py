@@ -13,7 +13,8 @@ from eloquent_client import EloquentClient
 from eloquent_plugins.core.codecs import BUILTIN_CODECS
 from eloquent_plugins.core.codecs.router import CodecRouter
 from eloquent_plugins.transports.config import StreamConfig
-from eloquent_plugins.transports.http3 import FrontEndOptions, start_http3_server
+from eloquent_plugins.transports.http3.options import FrontEndOptions
+from eloquent_plugins.transports.http3.server import start_http3_server
 
 TGI, TRITON, OPENAI = "/generate_stream", "/v2/models/m/generate_stream", "/v1/completions"
 

@@ -32,8 +32,10 @@ from eloquent_client.events import ClientError
 
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
-from eloquent_plugins.h3glue import ALPN, GuardedQuicServer, aioquic_drift
-from eloquent_plugins.transports.http3 import FrontEndOptions, start_http3_server
+from eloquent_plugins.h3glue.common import ALPN
+from eloquent_plugins.h3glue.listener import GuardedQuicServer, aioquic_drift
+from eloquent_plugins.transports.http3.options import FrontEndOptions
+from eloquent_plugins.transports.http3.server import start_http3_server
 from eloquent_plugins.transports.http3.server import quic_server_configuration
 from tests.support.servers import eloquent_serve_process, free_port
 

@@ -11,8 +11,9 @@ from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.quic_lb import QuicLbConfig, decode, parse_server_id
 from eloquent_plugins.engine import EngineConfig, create_engine_app
-from eloquent_plugins.h3glue import RoutableQuicConnection
-from eloquent_plugins.transports.http3.server import FrontEndOptions, start_http3_server
+from eloquent_plugins.h3glue.listener import RoutableQuicConnection
+from eloquent_plugins.transports.http3.options import FrontEndOptions
+from eloquent_plugins.transports.http3.server import start_http3_server
 from tests.support.client_servers import CHAT, chat_body
 
 SERVER_ID = bytes.fromhex("0a1b")
@@ -49,7 +50,7 @@ async def test_every_connection_id_a_client_gets_carries_the_server_id() -> None
                                   transport="eloquent") as client:
             async with client.stream("POST", CHAT, json=chat_body("routable ids", 20)) as stream:
                 assert await stream.text()
-            quic = client._h3._protocol._quic  # type: ignore[union-attr]  # the client's view of what it was issued
+            quic = client._paths.conn._protocol._quic  # type: ignore[union-attr]  # the client's view of what it was issued
             given = [quic._peer_cid.cid, *(c.cid for c in quic._peer_cid_available)]
             retry_cid = quic._retry_source_connection_id
             server_side = [c for conn in list(srv._state.connections) for c in conn.quic.issued_cids]

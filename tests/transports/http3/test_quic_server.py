@@ -20,11 +20,8 @@ from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.core.hooks.specs import hookimpl
 from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.hooks.manager import create_plugin_manager
-from eloquent_plugins.transports.http3 import (
-    Http3Server,
-    StreamDigest,
-    start_http3_server,
-)
+from eloquent_plugins.core.control import StreamDigest
+from eloquent_plugins.transports.http3.server import Http3Server, start_http3_server
 from tests.support.streams import chat_maker
 
 MODEL = "eloquent-builtin"

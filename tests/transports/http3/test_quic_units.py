@@ -13,16 +13,9 @@ from eloquent_plugins.core.errors import ConfigError, DecodeError, LimitExceeded
 from eloquent_plugins.core.events import EventKind, StreamEvent
 from eloquent_plugins.core.keepalive import KeepAlivePolicy
 from eloquent_plugins.core.limits import Limits
-from eloquent_plugins.transports.http3 import (
-    ControlParser,
-    DatagramQueue,
-    Fallback,
-    Scheme,
-    StreamDigest,
-    Trailer,
-    scheme_for,
-    sender_config_for,
-)
+from eloquent_plugins.core.control import ControlParser, Fallback, StreamDigest, Trailer
+from eloquent_plugins.core.scheme import Scheme, scheme_for, sender_config_for
+from eloquent_plugins.transports.http3.datagram_queue import DatagramQueue
 from eloquent_plugins.transports.http3.certs import (
     dev_certificate,
     generate_dev_certificate,

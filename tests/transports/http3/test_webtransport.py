@@ -24,7 +24,8 @@ from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.events import EventKind
 from eloquent_plugins.core.hooks.manager import create_plugin_manager
 from eloquent_plugins.transports import browser
-from eloquent_plugins.transports.http3 import FrontEndOptions, Http3Server, start_http3_server
+from eloquent_plugins.transports.http3.options import FrontEndOptions
+from eloquent_plugins.transports.http3.server import Http3Server, start_http3_server
 from eloquent_plugins.transports.http3.certs import (
     dev_certificate,
     dev_pair,

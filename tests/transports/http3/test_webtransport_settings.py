@@ -17,7 +17,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import QuicEvent, StreamDataReceived
 
 from eloquent_plugins.core.varint import decode_varint
-from eloquent_plugins.h3glue import ALPN, DatagramH3Connection
+from eloquent_plugins.h3glue.common import ALPN, DatagramH3Connection
 from tests.support.serve_thread import ServeThread
 
 # RFC 9114 section 7.2.4.1, RFC 9220, RFC 9297

@@ -1,0 +1,56 @@
+"""What every connection of one HTTP/3 listener shares (``ServerState``), a leaf record: the server makes it,
+each connection reads it, and neither module imports the other for it."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from eloquent_plugins.core.codecs.router import CodecRouter
+from eloquent_plugins.transports.config import StreamConfig
+from eloquent_plugins.transports.drain import DrainState
+from eloquent_plugins.transports.http3.options import FrontEndOptions
+
+
+class Member(Protocol):
+    """What the shared state asks of a live connection (``Http3Connection``): the drain's two steps and the
+    server's close."""
+
+    def goaway(self) -> None: ...
+
+    def close_drained(self, *, force: bool = False) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+
+@dataclass(slots=True)
+class ServerState:
+    """What every connection of one listener shares."""
+
+    app: Any
+    config: StreamConfig
+    options: FrontEndOptions
+    plugin_manager: Any
+    codecs: CodecRouter
+    connections: set[Member] = field(default_factory=set)
+    timings: OrderedDict[str, list[float]] = field(default_factory=OrderedDict)
+    sends: OrderedDict[str, tuple[Any, list[tuple[float, bytes, int]]]] = field(default_factory=OrderedDict)
+    """With ``record_timings``: per request, its peer and (time, datagram, transmit number) of each datagram."""
+    closed_with_error: int = 0
+    drain: Any = None
+    """The server's ``transports.drain.Drain``: GOAWAY when it begins, every connection closed when it is done."""
+
+    def on_drain(self, state: DrainState) -> None:
+        for conn in list(self.connections):
+            if state is DrainState.DRAINING:
+                conn.goaway()
+            elif state is DrainState.DONE:
+                conn.close_drained(force=bool(self.drain is not None and self.drain.handed_over))
+
+    def record(self, request_id: str, times: list[float]) -> None:
+        if not self.options.record_timings:
+            return
+        self.timings[request_id] = times
+        while len(self.timings) > self.options.timings_kept:
+            self.timings.popitem(last=False)
