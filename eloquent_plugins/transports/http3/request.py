@@ -1,9 +1,8 @@
 """One HTTP/3 request: the ASGI bridge (``receive``/``send``/``run``) and its response, plain or Eloquent.
 
-The request owns its lifecycle (``RequestState``) and decides what goes on its stream; the connection owns the
-wire (``send_headers``/``send_data``/``reset``/``transmit``) and the datagram scheduler, and is seen here only
-through ``RequestHost``, the few members a request uses (so a request can be built and tested on its own). Every JSON error body
-comes from the route's codec, so a TGI or Triton route answers in its own format.
+The request owns its lifecycle (``RequestState``) and what goes on its stream; the connection owns the wire and the
+datagram scheduler, seen here only as ``RequestHost`` (so a request can be built and tested on its own). Every JSON
+error body comes from the route's codec, so a TGI or Triton route answers in its own format.
 """
 
 from __future__ import annotations
@@ -83,10 +82,7 @@ class RequestHost(Protocol):
 class Request:
     def __init__(self, conn: RequestHost, stream_id: int, scope: dict[str, Any], scheme: Scheme,
                  codec: Codec) -> None:
-        self.conn = conn
-        self.stream_id = stream_id
-        self.scope = scope
-        self.scheme = scheme
+        self.conn, self.stream_id, self.scope, self.scheme = conn, stream_id, scope, scheme
         self.codec = codec
         """The route's codec: the shape of every JSON error this request may get."""
         self.request_id = os.urandom(8).hex()
@@ -107,8 +103,7 @@ class Request:
         self._keepalive_handle: asyncio.TimerHandle | None = None
         self._body_handle: asyncio.TimerHandle | None = None
         self.body_head: bytearray | None = bytearray() if conn.state.config.padding != "off" else None
-        """With ``--padding`` on, the request body's first ``REQUEST_HEAD_MAX`` bytes: an OpenAI request's
-        ``stream_options.include_obfuscation: false`` turns the datagram padding off (``core.padding.declined``)."""
+        """With ``--padding`` on, the body's start: ``include_obfuscation: false`` turns padding off (``declined``)."""
 
     @property
     def gone(self) -> bool:
