@@ -32,13 +32,8 @@ from eloquent_plugins.core.codecs.openai import OpenAICodec
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.transports.failover import UpstreamSet, split_urls
-from eloquent_plugins.transports.proxy import (
-    UpstreamRelay,
-    create_gateway_app,
-    error_text,
-    json_object,
-    upstream_base_url,
-)
+from eloquent_plugins.transports.dialect import error_text, json_object
+from eloquent_plugins.transports.proxy import UpstreamRelay, create_gateway_app, upstream_base_url
 
 __all__ = ["OpenAIGatewayError", "STREAM_ROUTES", "create_openai_gateway"]
 

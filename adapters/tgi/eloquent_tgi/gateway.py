@@ -29,14 +29,8 @@ from starlette.responses import JSONResponse, Response
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.transports.failover import UpstreamSet, split_urls
-from eloquent_plugins.transports.proxy import (
-    UpstreamRelay,
-    create_gateway_app,
-    dump_json,
-    error_text,
-    json_object,
-    upstream_base_url,
-)
+from eloquent_plugins.transports.dialect import dump_json, error_text, json_object
+from eloquent_plugins.transports.proxy import UpstreamRelay, create_gateway_app, upstream_base_url
 
 __all__ = ["TGIGatewayError", "create_tgi_gateway"]
 
