@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 from starlette.applications import Starlette
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from eloquent_plugins.core.codecs.openai import OpenAICodec
 from eloquent_plugins.transports.config import StreamConfig
@@ -131,8 +131,7 @@ def _stream(obj: dict[str, Any]) -> _OpenAIStream | None:
 
 def _error_response(message: str, error_type: str, status: int) -> Response:
     """The answers the gateway gives itself (413, an unreachable upstream), in OpenAI's error shape."""
-    return JSONResponse({"error": {"message": message, "type": _ERROR_TYPES.get(error_type, "server_error"),
-                                   "param": None, "code": status}}, status_code=status)
+    return Response(_error_payload(message, error_type, status), status_code=status, media_type="application/json")
 
 
 def create_openai_gateway(upstream_url: str, config: StreamConfig | None = None, *,

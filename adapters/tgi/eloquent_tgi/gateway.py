@@ -27,6 +27,7 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse, Response
 
 from eloquent_plugins.transports.config import StreamConfig
+from eloquent_plugins.core.codecs.tgi import tgi_chat_error, tgi_error
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.transports.failover import UpstreamSet, split_urls
 from eloquent_plugins.transports.dialect import dump_json, error_text, json_object
@@ -59,7 +60,7 @@ class _GenerateDialect:
 
     def error(self, message: str, error_type: str, status: int) -> list[bytes]:
         del status  # TGI's stream errors carry no status: they all arrive under the 200
-        return [dump_json({"error": message, "error_type": error_type})]
+        return [dump_json(tgi_error(message, error_type))]
 
     def rejected(self, status: int, body: bytes) -> list[bytes]:
         obj = json_object(body)
@@ -91,7 +92,7 @@ class _OpenAIDialect:
     def error(self, message: str, error_type: str, status: int) -> list[bytes]:
         del error_type  # TGI's OpenAI error events carry a status code, not a type
         self.done = True
-        return [dump_json({"error": {"message": message, "http_status_code": status}}), DONE]
+        return [dump_json(tgi_chat_error(message, status)), DONE]
 
     def rejected(self, status: int, body: bytes) -> list[bytes]:
         obj = json_object(body)
@@ -115,7 +116,7 @@ def _openai(obj: dict[str, Any]) -> _OpenAIDialect | None:
 
 def _error_response(message: str, error_type: str, status: int) -> Response:
     """TGI's own error body for the answers the gateway gives itself (413, an unreachable upstream)."""
-    return JSONResponse({"error": message, "error_type": error_type}, status_code=status)
+    return JSONResponse(tgi_error(message, error_type), status_code=status)
 
 
 def create_tgi_gateway(upstream_url: str, config: StreamConfig | None = None, *,
