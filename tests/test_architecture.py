@@ -494,6 +494,23 @@ def test_defined_once(kind: type[ast.AST], name: str) -> None:
     assert len(where) == 1, f"{name} is defined in {where or 'no module'}: once, and imported everywhere else"
 
 
+# ------------------------------------------------------------------------------------------- package faces
+
+
+MIN_FACE_WORDS = 8
+"""A package's ``__init__`` docstring says what the part is: a sentence, not a placeholder like ``"."``."""
+
+
+def test_every_package_says_what_it_is() -> None:
+    bare = []
+    for path in source_files():
+        if path.name == "__init__.py":
+            doc = ast.get_docstring(parsed(path)) or ""
+            if len(doc.split()) < MIN_FACE_WORDS:
+                bare.append(f"{rel(path)}: {doc!r}")
+    assert not bare, "package docstrings that do not say what the part is:\n" + "\n".join(bare)
+
+
 # ------------------------------------------------------------------------------------------------------ size
 
 
