@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
 import anyio
@@ -31,10 +31,13 @@ from eloquent_plugins.core.sse_writer import format_event
 from eloquent_plugins.transports.asgi import Receive, Scope, Send
 from eloquent_plugins.transports.dialect import (Chooser, Dialect, ErrorResponse, dump_json, json_object,
                                                  read_limited)
-from eloquent_plugins.transports.failover import UpstreamSet, failover_relay
+from eloquent_plugins.transports.failover import UpstreamSet, failover_relay, split_urls
 
-__all__ = ["HOP_BY_HOP", "KEEPALIVE", "DisconnectAwareStream", "UpstreamRelay", "create_gateway_app",
-           "end_to_end_headers", "request_target", "upstream_base_url"]
+if TYPE_CHECKING:
+    from eloquent_plugins.transports.config import StreamConfig
+
+__all__ = ["DEFAULT_UPSTREAM_TIMEOUT", "HOP_BY_HOP", "KEEPALIVE", "DisconnectAwareStream", "UpstreamRelay", "create_gateway_app",
+           "end_to_end_headers", "gateway_relay", "request_target", "upstream_base_url"]
 
 KEEPALIVE = b":\n\n"
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
@@ -337,6 +340,27 @@ def utf8(raw: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+DEFAULT_UPSTREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None)
+"""Connecting may take 10 s, reading has no limit: a non-streaming request may queue and generate for minutes."""
+
+
+def gateway_relay(upstream_url: str, label: str, error: type[ConfigError], error_response: ErrorResponse,
+                  config: StreamConfig, *, timeout: httpx.Timeout | None, stream_idle_timeout: float | None,
+                  transport: httpx.AsyncBaseTransport | None, stream_headers: Mapping[str, str],
+                  check_url: Callable[[str], None] | None = None) -> UpstreamRelay:
+    """A gateway's relay for ``upstream_url``: one ``http(s)://host:port``, or several comma-separated (a
+    failover list, ``failover.py``), each checked by ``check_url`` too; ``error`` for what cannot be used."""
+    urls = [upstream_base_url(url, error, label) for url in split_urls(upstream_url)]
+    if not urls:
+        raise error(f"no upstream URL in {upstream_url!r}")
+    for url in urls if check_url is not None else ():
+        check_url(url)
+    if stream_idle_timeout is not None and stream_idle_timeout <= 0:
+        raise error(f"stream_idle_timeout must be > 0 seconds or None, got {stream_idle_timeout}")
+    return UpstreamRelay(urls[0], label, error_response, config.max_request_bytes, timeout or DEFAULT_UPSTREAM_TIMEOUT,
+                         stream_idle_timeout, transport, stream_headers, UpstreamSet(tuple(urls)), config.migrate)
 
 
 def create_gateway_app(relay: UpstreamRelay, streams: Sequence[tuple[str, Chooser]]) -> Starlette:

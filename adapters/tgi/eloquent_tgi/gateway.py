@@ -29,9 +29,8 @@ from starlette.responses import JSONResponse, Response
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.codecs.tgi import tgi_chat_error, tgi_error
 from eloquent_plugins.core.errors import ConfigError
-from eloquent_plugins.transports.failover import UpstreamSet, split_urls
 from eloquent_plugins.transports.dialect import dump_json, error_text, json_object
-from eloquent_plugins.transports.proxy import UpstreamRelay, create_gateway_app, upstream_base_url
+from eloquent_plugins.transports.proxy import create_gateway_app, gateway_relay
 
 __all__ = ["TGIGatewayError", "create_tgi_gateway"]
 
@@ -130,16 +129,9 @@ def create_tgi_gateway(upstream_url: str, config: StreamConfig | None = None, *,
     ``stream_idle_timeout`` seconds (TGI sends a keep-alive every 15 s) is ended with an ``incomplete_generation``
     event; None waits forever. ``transport`` lets tests and embedders route the upstream traffic.
     """
-    urls = [upstream_base_url(url, TGIGatewayError, "TGI") for url in split_urls(upstream_url)]
-    if not urls:
-        raise TGIGatewayError(f"no upstream URL in {upstream_url!r}")
-    base_url = urls[0]
-    config = config or StreamConfig()
-    if stream_idle_timeout is not None and stream_idle_timeout <= 0:
-        raise TGIGatewayError(f"stream_idle_timeout must be > 0 seconds or None, got {stream_idle_timeout}")
-    relay = UpstreamRelay(base_url, "TGI", _error_response, config.max_request_bytes,
-                          timeout or httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None),
-                          stream_idle_timeout, transport, SSE_HEADERS, UpstreamSet(tuple(urls)), config.migrate)
+    relay = gateway_relay(upstream_url, "TGI", TGIGatewayError, _error_response, config or StreamConfig(),
+                          timeout=timeout, stream_idle_timeout=stream_idle_timeout, transport=transport,
+                          stream_headers=SSE_HEADERS)
     app = create_gateway_app(relay, [
         ("/generate_stream", _generate_stream),
         ("/", _compat),
