@@ -16,7 +16,6 @@ from argparse import Namespace
 from typing import Any
 
 from eloquent_plugins.transports.asgi import ASGIApp, Message, Receive, Scope, Send
-from eloquent_plugins.transports.stack import wrap
 from eloquent_vllm.compat import logger
 from eloquent_vllm.errors import ServeOptionsError
 from eloquent_vllm.http3 import Http3Frontend
@@ -57,6 +56,8 @@ class VllmStreamMiddleware:
         if settings.config is None:  # transport "none" named explicitly: stay out of the way
             self._inner = self.app
         else:
+            from eloquent_plugins.transports.stack import wrap  # here: the adapter imports without a transport
+
             # The stack ``eloquent serve`` hosts (transports.stack), in the same order. vLLM runs its own uvicorn,
             # so the header-read timeout (a uvicorn protocol class) cannot be installed here.
             stack = wrap(self.app, settings.config, stream_layer=sse_middleware_class(),
