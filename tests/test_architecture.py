@@ -1,27 +1,23 @@
 """The house rules of docs/ARCHITECTURE.md, checked on the source: which part may import which (no arrow runs
-back up, no import circle), the things that are defined once, and the size of a module.
+back up, no import circle), the things that are defined once, what each package says it is, and the size of a
+module (the tests' own rule, no test module importing another, is ``test_layout.py``'s).
 
 Every ``import`` and ``from ... import`` counts, wherever it stands: at the top, inside a function, under
 ``if TYPE_CHECKING:`` or in a ``try:``. Relative imports are resolved first. A failure names the file, the line
-and the rule, so a new arrow is either removed or argued for in docs/ARCHITECTURE.md together with this test."""
+and the rule, so a new arrow is either removed or argued for in docs/ARCHITECTURE.md together with this test. How
+the tree is read (files, names, imports, circles) is ``tests/support/source_tree.py``; the rules are here."""
 
 from __future__ import annotations
 
 import ast
-import functools
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = "eloquent_plugins"
-CLIENT = "eloquent_client"
-ADAPTERS = ("eloquent_vllm", "eloquent_tgi", "eloquent_triton", "eloquent_openai")
-SOURCE_ROOTS = {PACKAGE: ROOT, CLIENT: ROOT / "client", **{a: ROOT / "adapters" / a.split("_")[1] for a in ADAPTERS}}
-"""Import package -> the folder that holds it (one distribution, several top-level packages)."""
+from tests.support.source_tree import (ADAPTERS, CLIENT, PACKAGE, Arrow, all_arrows, circles, describe, imports,
+                                       module_name, package_files, parsed, rel, resolve, source_files, under)
 
 CORE = f"{PACKAGE}.core"
 HOOKS = f"{CORE}.hooks"
@@ -40,52 +36,6 @@ ASSIGNMENTS = (ast.Assign, ast.AnnAssign, *([ast.TypeAlias] if hasattr(ast, "Typ
 MAX_LINES = 400
 LONG_MARKER = "# long:"
 """A module over MAX_LINES lines says why in a comment starting with this, in its first three lines."""
-
-
-@dataclass(frozen=True, slots=True)
-class Arrow:
-    source: str
-    """The importing module (dotted)."""
-    target: str
-    """The imported name, dotted as far as the statement names it (``from a.b import c`` gives ``a.b.c``)."""
-    path: str
-    line: int
-
-    def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.source} -> {self.target}"
-
-
-def under(name: str, prefix: str) -> bool:
-    return name == prefix or name.startswith(prefix + ".")
-
-
-def module_name(path: Path) -> str:
-    """The dotted module name of a source file, from the folder its top-level package sits in."""
-    for package, root in SOURCE_ROOTS.items():
-        if path.is_relative_to(root / package):
-            parts = list(path.relative_to(root).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            return ".".join(parts)
-    raise ValueError(f"{path} is in no known package")
-
-
-def imports(source: str | ast.Module, module: str, *, is_package: bool = False,
-            path: str = "<string>") -> Iterator[Arrow]:
-    """Every import in ``source`` (the text or tree of ``module``), anywhere in it, resolved to absolute names."""
-    tree = ast.parse(source) if isinstance(source, str) else source
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield Arrow(module, alias.name, path, node.lineno)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = module.split(".")
-                anchor = anchor[:len(anchor) - node.level + (1 if is_package else 0)]
-                base = ".".join(anchor + ([base] if base else []))
-            for alias in node.names:
-                yield Arrow(module, base if alias.name == "*" else f"{base}.{alias.name}", path, node.lineno)
 
 
 def forbidden(arrow: Arrow) -> str | None:
@@ -127,30 +77,6 @@ def forbidden(arrow: Arrow) -> str | None:
                                                                    for p in (CORE, H3GLUE, TRANSPORTS)):
             return "an adapter is thin: core and the transports only (no engine, simulator or cli)"
     return None
-
-
-@functools.cache
-def parsed(path: Path) -> ast.Module:
-    return ast.parse(path.read_text())
-
-
-def source_files() -> list[Path]:
-    return sorted(p for package, root in SOURCE_ROOTS.items() for p in (root / package).rglob("*.py"))
-
-
-def package_files() -> list[Path]:
-    """The package and the client: where the defined-once rules hold."""
-    return [p for p in source_files() if module_name(p).split(".")[0] in (PACKAGE, CLIENT)]
-
-
-def rel(path: Path) -> str:
-    return str(path.relative_to(ROOT))
-
-
-def all_arrows() -> list[Arrow]:
-    return [arrow for path in source_files()
-            for arrow in imports(parsed(path), module_name(path), is_package=path.name == "__init__.py",
-                                 path=rel(path))]
 
 
 # --------------------------------------------------------------------------------------------- the walker works
@@ -316,69 +242,6 @@ def test_no_back_arrow() -> None:
 # --------------------------------------------------------------------------------------------------- no circle
 
 
-def resolve(target: str, modules: set[str] | frozenset[str]) -> str | None:
-    """The module an import loads: the longest known module that ``target`` starts with, so ``from pkg import
-    name`` is an arrow to ``pkg.name`` where that is a submodule, and to ``pkg`` (its ``__init__``) where not."""
-    parts = target.split(".")
-    for end in range(len(parts), 0, -1):
-        if (name := ".".join(parts[:end])) in modules:
-            return name
-    return None
-
-
-def circles(arrows: list[Arrow], modules: set[str]) -> list[list[Arrow]]:
-    """Every import circle among ``modules``: each strongly connected set of two or more, as the arrows inside it
-    (Tarjan's algorithm, iterative so that a deep chain does not hit the recursion limit)."""
-    edges: dict[str, dict[str, Arrow]] = {m: {} for m in modules}
-    for arrow in arrows:
-        dst = resolve(arrow.target, modules)
-        if arrow.source in edges and dst is not None and dst != arrow.source:
-            edges[arrow.source].setdefault(dst, arrow)
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[Arrow]] = []
-    for root in sorted(modules):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(edges[root])))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(edges[child]))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                members: set[str] = set()
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    members.add(member)
-                    if member == node:
-                        break
-                if len(members) > 1:
-                    found.append([edges[m][d] for m in sorted(members) for d in sorted(edges[m]) if d in members])
-    return found
-
-
-def describe(circle: list[Arrow]) -> str:
-    files = sorted({arrow.path for arrow in circle})
-    return f"circle of {len(files)} files: {', '.join(files)}\n" + "\n".join(f"    {arrow}" for arrow in circle)
-
-
 def test_the_circle_finder_finds_a_planted_circle(tmp_path: Path) -> None:
     """Two modules importing each other, one of them only for type checking, and a third importing one of them:
     one circle of the two, found from the files as the real check reads them."""
@@ -509,55 +372,6 @@ def test_every_package_says_what_it_is() -> None:
             if len(doc.split()) < MIN_FACE_WORDS:
                 bare.append(f"{rel(path)}: {doc!r}")
     assert not bare, "package docstrings that do not say what the part is:\n" + "\n".join(bare)
-
-
-# ------------------------------------------------------------------------------------------------------ tests
-
-
-TESTS = ROOT / "tests"
-TEST_SUPPORT = "tests.support"
-"""The one place a test module imports from: shared fixtures are in conftest.py (pytest loads them), shared
-helpers in tests/support/; a test module never imports another test module (or a conftest)."""
-
-
-def module_of_test_file(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def breaks_tests_rule(arrow: Arrow) -> str | None:
-    """Why a test module's import breaks the tests' rule, or None: inside ``tests`` only ``tests.support``."""
-    if not under(arrow.target, "tests") or under(arrow.target, TEST_SUPPORT):
-        return None
-    return "a test module imports only tests.support of the tests (move the shared helper there)"
-
-
-@pytest.mark.parametrize("module,source,bad", [
-    ("tests.e2e.test_openai_vllm", "from tests.adapters.vllm.test_vllm_transports import SlotHolder", True),
-    ("tests.transports.test_drain", "from .test_faults import helper", True),
-    ("tests.core.test_wire", "from tests import conftest", True),
-    ("tests.core.test_wire", "from ..conftest import fixture", True),
-    ("tests.e2e.test_openai_vllm", "from tests.support.vllm import SlotHolder", False),
-    ("tests.support.chaos", "from tests.support.cutproxy import CutPlan", False),
-    ("tests.core.test_wire", "from eloquent_plugins.core.wire import encode_packet", False),
-])
-def test_the_tests_rule_sees_a_test_module_import(module: str, source: str, bad: bool) -> None:
-    found = list(imports(source, module))
-    assert (breaks_tests_rule(found[-1]) is not None) is bad
-
-
-def test_no_test_module_imports_another() -> None:
-    bad = []
-    for path in sorted(TESTS.rglob("*.py")):
-        if "node_modules" in path.parts:
-            continue
-        module = module_of_test_file(path)
-        for arrow in imports(parsed(path), module, is_package=path.name == "__init__.py", path=rel(path)):
-            if (why := breaks_tests_rule(arrow)) is not None:
-                bad.append(f"{arrow}  ({why})")
-    assert not bad, "test modules importing test modules:\n" + "\n".join(bad)
 
 
 # ------------------------------------------------------------------------------------------------------ size
