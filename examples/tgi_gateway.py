@@ -20,7 +20,7 @@ from eloquent_tgi.gateway import create_tgi_gateway
 from text_generation import AsyncClient
 
 from eloquent_plugins.transports.config import StreamConfig
-from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+from eloquent_plugins.transports.stack import wrap
 
 
 async def ask(gateway_url: str, prompt: str, max_new_tokens: int) -> None:
@@ -43,7 +43,7 @@ async def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     config = StreamConfig(keepalive=args.keepalive)
-    app = EloquentMiddleware(create_tgi_gateway(args.tgi, config), config)
+    app = wrap(create_tgi_gateway(args.tgi, config), config).app  # the stack `eloquent serve` hosts
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
     if args.ask is None:
         await server.serve()

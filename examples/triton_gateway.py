@@ -24,7 +24,7 @@ from eloquent_client.sse import stream_sse
 from eloquent_triton.gateway import create_triton_gateway
 
 from eloquent_plugins.transports.config import StreamConfig
-from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+from eloquent_plugins.transports.stack import wrap
 
 
 async def ask(gateway_url: str, model: str, prompt: str) -> None:
@@ -53,7 +53,8 @@ async def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="echo_stream", help="model to ask (with --ask)")
     args = parser.parse_args(argv)
 
-    app = EloquentMiddleware(create_triton_gateway(args.triton), StreamConfig(keepalive=args.keepalive))
+    # the stack `eloquent serve` hosts: EloquentMiddleware, the body deadline, the browser routes
+    app = wrap(create_triton_gateway(args.triton), StreamConfig(keepalive=args.keepalive)).app
     # lifespan="on": the gateway closes its upstream connection to Triton on shutdown.
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="on"))
     if args.ask is None:

@@ -21,6 +21,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from eloquent_plugins.core.codecs.openai import openai_error
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.engine.config import EngineConfig
 from eloquent_plugins.engine.core import Engine
@@ -177,7 +178,7 @@ def create_engine_app(config: EngineConfig | None = None, engine: Engine | None 
         try:
             text, finish, count = work.result()
         except EngineError as exc:
-            return _json({"error": {"message": str(exc), "type": "EngineError", "param": None, "code": 500}}, 500)
+            return _json(openai_error(str(exc), error_type="EngineError", code=500), 500)
         return _json(
             full_response(
                 chat=req.chat,
@@ -234,10 +235,7 @@ def create_engine_app(config: EngineConfig | None = None, engine: Engine | None 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         code = "not_found" if exc.status_code == 404 else "method_not_allowed" if exc.status_code == 405 else None
-        return _json(
-            {"error": {"message": str(exc.detail), "type": "invalid_request_error", "param": None, "code": code}},
-            exc.status_code,
-        )
+        return _json(openai_error(str(exc.detail), error_type="invalid_request_error", code=code), exc.status_code)
 
     app = Starlette(
         routes=[

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from eloquent_plugins.core.codecs.openai import openai_error
 from eloquent_plugins.core.errors import EloquentError
 
 
@@ -35,7 +36,7 @@ class APIError(EloquentError):
         self.code = code
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return openai_error(self.message, error_type=self.type, param=self.param, code=self.code)
 
 
 def invalid(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:

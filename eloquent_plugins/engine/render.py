@@ -12,6 +12,8 @@ import os
 from json.encoder import encode_basestring  # C-accelerated when available; ensure_ascii=False semantics
 from typing import Any
 
+from eloquent_plugins.core.codecs.openai import openai_error
+
 DONE = b"data: [DONE]\n\n"
 
 
@@ -83,7 +85,7 @@ class ChunkWriter:
     @staticmethod
     def error(message: str, type_: str, code: int) -> bytes:
         """An in-band error event, as vLLM sends once the 200 is out."""
-        body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+        body = openai_error(message, error_type=type_, code=code)
         return utf8(f"data: {dumps(body)}\n\n")
 
 

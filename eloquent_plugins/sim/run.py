@@ -152,6 +152,20 @@ def _link_details(forward: SlottedPath, reverse: SlottedPath, bulk: BulkFlow | N
     return out
 
 
+def _stream_run(scheme: str, timeline: Timeline, renders: _Renders, path: PathConfig, wires: tuple[SimWire, SimWire],
+                details: dict[str, float], link: LinkRun | None, paths: tuple[SlottedPath, SlottedPath],
+                bulk: BulkFlow | None) -> StreamRun:
+    """One run's result: what its wires carried and, on a simulated link, the link's details and each token's floor."""
+    ready: tuple[float, ...] = ()
+    if link is not None:
+        details |= _link_details(*paths, bulk)
+        ready = link_floor(paths[0], timeline.times)
+    forward, reverse = wires
+    return StreamRun(scheme, timeline.times, renders.result(scheme), path.min_delay,
+                     forward.stats.bytes + reverse.stats.bytes, forward.stats.packets + reverse.stats.packets,
+                     details, ready)
+
+
 def run_bulk_alone(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, link: LinkRun) -> float:
     """The cross flow's throughput over the token stream's span with no token stream: its baseline."""
     loop = EventLoop()
@@ -185,13 +199,8 @@ def run_tcp(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, trace: T
                "loss_probes": stats.loss_probes,
                "retransmissions": stats.retransmissions, "segments": stats.segments,
                "first_rto": stats.rto_history[0] if stats.rto_history else 0.0}
-    ready: tuple[float, ...] = ()
-    if link is not None:
-        details |= _link_details(forward_path, reverse_path, bulk)
-        ready = link_floor(forward_path, timeline.times)
-    return StreamRun(scheme, timeline.times, renders.result(scheme), path.min_delay,
-                     forward.stats.bytes + reverse.stats.bytes, forward.stats.packets + reverse.stats.packets,
-                     details, ready)
+    return _stream_run(scheme, timeline, renders, path, (forward, reverse), details, link,
+                       (forward_path, reverse_path), bulk)
 
 
 def run_eloquent(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, trace: Trace | None,
@@ -231,13 +240,8 @@ def run_eloquent(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, tra
     details = {"data_packets": stats.data_packets, "probe_packets": stats.probe_packets,
                "redundant_packets": stats.redundant_packets,
                "events_resent": stats.events_resent, "acks": ends.receiver.stats.acks_sent}
-    ready: tuple[float, ...] = ()
-    if link is not None:
-        details |= _link_details(forward_path, reverse_path, bulk)
-        ready = link_floor(forward_path, timeline.times)
-    return StreamRun(scheme, timeline.times, renders.result(scheme), path.min_delay,
-                     forward.stats.bytes + reverse.stats.bytes, forward.stats.packets + reverse.stats.packets,
-                     details, ready)
+    return _stream_run(scheme, timeline, renders, path, (forward, reverse), details, link,
+                       (forward_path, reverse_path), bulk)
 
 
 def run_oracle(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, trace: Trace | None) -> StreamRun:

@@ -172,6 +172,8 @@ class _Client:
         """This client's own counts (received, queue_dropped): what the shared queue did to its flow."""
         self.transport: asyncio.DatagramTransport | None = None
         self.pending: list[bytes] = []
+        self.severed = False
+        """Its path is gone for good (``Relay.sever``): every datagram either way is dropped."""
         loop = asyncio.get_running_loop()
         self.up_pipe = _Pipe(loop, not self.up.config.reorder, relay.stats.upstream, self._to_server,
                              relay._start, relay.timers)
@@ -197,10 +199,16 @@ class _Client:
         self.pending.clear()
 
     def from_client(self, data: bytes) -> None:
+        if self.severed:
+            self.relay._severed(self.relay.stats.upstream)
+            return
         self.relay._pass(self.up, self.relay.stats.upstream, data, self.up_pipe, (self.index, "up"),
                          trace_queue=self.relay.queues.get("up"), own=self.own["up"])
 
     def from_server(self, data: bytes) -> None:
+        if self.severed:
+            self.relay._severed(self.relay.stats.downstream)
+            return
         self.relay._pass(self.down, self.relay.stats.downstream, data, self.down_pipe, (self.index, "down"),
                          self.relay.bottleneck, trace_queue=self.relay.queues.get("down"), own=self.own["down"])
 
@@ -280,6 +288,22 @@ class Relay(asyncio.DatagramProtocol):
         for client in self._clients.values():
             for model in (client.up, client.down):
                 model.config = dataclasses.replace(model.config, outages=model.config.outages + (outage,))
+
+    def sever(self) -> None:
+        """The path of every client seen so far dies for good, both ways, what is in flight included; clients that
+        come later (a new socket, a new QUIC connection) pass as before.
+
+        An outage that ends by itself may end before a busy client looked at its path, which then finds it alive
+        and never notices the cut; a severed path stays dead, so a cut that lands is always noticed, while a new
+        connection gets through at once (a NAT rebinding, a dead access network beside a live one)."""
+        for client in self._clients.values():
+            client.severed = True
+            client.up_pipe.close()
+            client.down_pipe.close()
+
+    def _severed(self, stats: DirectionStats) -> None:
+        stats.received += 1
+        stats.outage_dropped += 1
 
     def client_index(self, upstream: tuple[str, int]) -> int | None:
         """Which client (in order of first contact) the server sees at ``upstream`` (its relayed address)."""

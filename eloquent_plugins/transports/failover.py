@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
@@ -27,11 +27,10 @@ from eloquent_plugins.core.continuation import (MAX_MIGRATIONS, MAX_RECORD_BYTES
                                                 read_emitted)
 from eloquent_plugins.core.sse_reader import SSEParser
 from eloquent_plugins.core.sse_writer import format_event
+from eloquent_plugins.transports.dialect import Dialect, read_limited
 
 if TYPE_CHECKING:
     from starlette.requests import Request
-
-    from eloquent_plugins.transports.proxy import Dialect, UpstreamRelay
 
 log = logging.getLogger("eloquent_plugins.transports.proxy")
 
@@ -90,6 +89,27 @@ class UpstreamSet:
         return known
 
 
+class Relay(Protocol):
+    """What the failover relay uses of the gateway's relay (``proxy.UpstreamRelay``): its pooled client, and how
+    it builds a stream request for a given upstream; nothing else of it."""
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def client(self) -> httpx.AsyncClient: ...
+
+    @property
+    def migrate(self) -> bool: ...
+
+    def forward_headers(self, request: Request) -> list[tuple[str, str]]: ...
+
+    def target_of(self, request: Request) -> str: ...
+
+    def build(self, base: str, target: str, headers: list[tuple[str, str]], body: bytes, *,
+              stream: bool) -> httpx.Request: ...
+
+
 @dataclass(slots=True)
 class _Relayed:
     """The payloads sent to the client so far, for a continuation (bounded: past it, no migration)."""
@@ -108,10 +128,9 @@ class _Relayed:
             self.payloads.append(payload)
 
 
-async def failover_relay(relay: UpstreamRelay, request: Request, body: bytes, dialect: Dialect) -> AsyncIterator[bytes]:
+async def failover_relay(relay: Relay, upstreams: UpstreamSet, request: Request, body: bytes,
+                         dialect: Dialect) -> AsyncIterator[bytes]:
     """The stream relay over several upstreams (``UpstreamRelay.stream`` when it has more than one)."""
-    upstreams = relay.upstreams
-    assert upstreams is not None
     codec = getattr(dialect, "codec", None)
     route = request.scope["path"]
     target: str | None = None  # None: the client's own request target
@@ -146,7 +165,7 @@ async def failover_relay(relay: UpstreamRelay, request: Request, body: bytes, di
         why = ""
         try:
             if response.status_code != 200:
-                for payload in dialect.rejected(response.status_code, await _read_limited(response)):
+                for payload in dialect.rejected(response.status_code, await read_limited(response)):
                     yield format_event(payload, space=space)
                 return
             upstreams.mark_up(url)
@@ -199,14 +218,3 @@ async def failover_relay(relay: UpstreamRelay, request: Request, body: bytes, di
         log.info("stream on %s: %s; migrating to %s after %d tokens (continuing with %s %s)", url, why, nxt[0],
                  emitted.tokens, cont.source, cont.route)
         target, body, splice = cont.route, cont.encoded(), Splice(cont, emitted)
-
-
-async def _read_limited(response: httpx.Response) -> bytes:
-    from eloquent_plugins.transports.proxy import MAX_ERROR_BODY
-
-    out = bytearray()
-    async for chunk in response.aiter_bytes():
-        out += chunk
-        if len(out) >= MAX_ERROR_BODY:
-            break
-    return bytes(out[:MAX_ERROR_BODY])

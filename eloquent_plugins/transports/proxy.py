@@ -1,4 +1,3 @@
-# long: what every gateway shares is one relay with one set of hard parts ("Why one module" below)
 """The streaming relay the upstream gateways share (TGI's, any OpenAI-compatible server's).
 
 Why one module: a gateway in front of an inference server has the same hard parts whatever the server's schema --
@@ -8,16 +7,15 @@ report itself (unreachable, a rejection after our 200, a body that ends early) i
 upstream request when the client leaves (that is what frees the engine's slot), and proxy every other route
 unchanged: the request target exactly as the client sent it, end-to-end headers only. What differs between
 servers -- which requests stream, when a stream is complete, the error shapes -- is a ``Dialect`` and an
-``ErrorResponse`` the adapter supplies.
+``ErrorResponse`` the adapter supplies (``dialect.py``); several upstreams fail over in ``failover.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
 import anyio
@@ -31,17 +29,20 @@ from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.sse_reader import SSEParser
 from eloquent_plugins.core.sse_writer import format_event
 from eloquent_plugins.transports.asgi import Receive, Scope, Send
-from eloquent_plugins.transports.failover import UpstreamSet, failover_relay
+from eloquent_plugins.transports.dialect import (Chooser, Dialect, ErrorResponse, dump_json, json_object,
+                                                 read_limited)
+from eloquent_plugins.transports.failover import UpstreamSet, failover_relay, split_urls
 
-__all__ = ["HOP_BY_HOP", "KEEPALIVE", "Chooser", "Dialect", "DisconnectAwareStream", "ErrorResponse",
-           "UpstreamRelay", "create_gateway_app", "dump_json", "end_to_end_headers", "error_text", "json_object",
-           "request_target", "upstream_base_url"]
+if TYPE_CHECKING:
+    from eloquent_plugins.transports.config import StreamConfig
+
+__all__ = ["DEFAULT_UPSTREAM_TIMEOUT", "HOP_BY_HOP", "KEEPALIVE", "DisconnectAwareStream", "UpstreamRelay", "create_gateway_app",
+           "end_to_end_headers", "gateway_relay", "request_target", "upstream_base_url"]
 
 KEEPALIVE = b":\n\n"
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                         "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding"})
 """Never forwarded upstream: RFC 9110's hop-by-hop fields, plus what httpx sets itself (host, length, encoding)."""
-MAX_ERROR_BODY = 64 * 1024
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 """RFC 9110 9.2.2: methods a proxy may retry after a connection failure; POST and PATCH are not."""
 
@@ -63,28 +64,6 @@ class WriteWatch:
         """True only when the transport reported its steps (httpcore) and none wrote the request; a transport
         that reports nothing may have sent it all."""
         return self.traced and not self.writing
-
-
-class Dialect(Protocol):
-    """One stream's schema knowledge: which payloads end it, and the error events in the route's own shape."""
-
-    def observe(self, payload: bytes) -> None:
-        """Every relayed payload, in order (to learn whether the stream completed)."""
-
-    def error(self, message: str, error_type: str, status: int) -> list[bytes]:
-        """Payloads for a failure the upstream could not report (unreachable, broken, silent)."""
-
-    def rejected(self, status: int, body: bytes) -> list[bytes]:
-        """Payloads for an upstream that answered a non-200 after our 200 went out."""
-
-    def unfinished(self) -> list[bytes]:
-        """Payloads to add when the upstream body ended cleanly: none if the stream was complete."""
-
-
-ErrorResponse = Callable[[str, str, int], Response]
-"""``(message, error_type, status)`` -> a plain (non-stream) error response in the upstream's own shape."""
-Chooser = Callable[[dict[str, Any]], Dialect | None]
-"""A streaming route's test of a JSON request body: the stream's dialect, or None to proxy it unchanged."""
 
 
 class DisconnectAwareStream(StreamingResponse):
@@ -265,7 +244,7 @@ class UpstreamRelay:
     def stream(self, request: Request, body: bytes, dialect: Dialect) -> Response:
         """``200 text/event-stream`` now; the upstream's events follow as they come."""
         if self.upstreams is not None and len(self.upstreams.urls) > 1:
-            return DisconnectAwareStream(failover_relay(self, request, body, dialect),
+            return DisconnectAwareStream(failover_relay(self, self.upstreams, request, body, dialect),
                                          headers=dict(self.stream_headers))
         upstream = self.upstream_request(request, body, accept_encoding=None, stream=True)
         return DisconnectAwareStream(self.relay(upstream, dialect), headers=dict(self.stream_headers))
@@ -282,7 +261,7 @@ class UpstreamRelay:
             return
         try:
             if response.status_code != 200:
-                for payload in dialect.rejected(response.status_code, await _read_limited(response)):
+                for payload in dialect.rejected(response.status_code, await read_limited(response)):
                     yield format_event(payload)
                 return
             parser = SSEParser()
@@ -363,13 +342,25 @@ def utf8(raw: bytes) -> bool:
     return True
 
 
-async def _read_limited(response: httpx.Response) -> bytes:
-    out = bytearray()
-    async for chunk in response.aiter_bytes():
-        out += chunk
-        if len(out) >= MAX_ERROR_BODY:
-            break
-    return bytes(out[:MAX_ERROR_BODY])
+DEFAULT_UPSTREAM_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None)
+"""Connecting may take 10 s, reading has no limit: a non-streaming request may queue and generate for minutes."""
+
+
+def gateway_relay(upstream_url: str, label: str, error: type[ConfigError], error_response: ErrorResponse,
+                  config: StreamConfig, *, timeout: httpx.Timeout | None, stream_idle_timeout: float | None,
+                  transport: httpx.AsyncBaseTransport | None, stream_headers: Mapping[str, str],
+                  check_url: Callable[[str], None] | None = None) -> UpstreamRelay:
+    """A gateway's relay for ``upstream_url``: one ``http(s)://host:port``, or several comma-separated (a
+    failover list, ``failover.py``), each checked by ``check_url`` too; ``error`` for what cannot be used."""
+    urls = [upstream_base_url(url, error, label) for url in split_urls(upstream_url)]
+    if not urls:
+        raise error(f"no upstream URL in {upstream_url!r}")
+    for url in urls if check_url is not None else ():
+        check_url(url)
+    if stream_idle_timeout is not None and stream_idle_timeout <= 0:
+        raise error(f"stream_idle_timeout must be > 0 seconds or None, got {stream_idle_timeout}")
+    return UpstreamRelay(urls[0], label, error_response, config.max_request_bytes, timeout or DEFAULT_UPSTREAM_TIMEOUT,
+                         stream_idle_timeout, transport, stream_headers, UpstreamSet(tuple(urls)), config.migrate)
 
 
 def create_gateway_app(relay: UpstreamRelay, streams: Sequence[tuple[str, Chooser]]) -> Starlette:
@@ -394,33 +385,3 @@ def create_gateway_app(relay: UpstreamRelay, streams: Sequence[tuple[str, Choose
     routes = [Route(path, stream(choose), methods=["POST"]) for path, choose in streams]
     routes.append(Route("/{path:path}", proxy, methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]))
     return Starlette(routes=routes, lifespan=lifespan)
-
-
-# --------------------------------------------------------------------------------------------- JSON helpers
-
-
-def dump_json(value: Any) -> bytes:
-    """Compact JSON, non-ASCII as is: how the servers write their events."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def json_object(body: bytes) -> dict[str, Any] | None:
-    """``body`` as a JSON object, or None (not JSON, or not an object)."""
-    try:
-        obj = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
-def error_text(obj: dict[str, Any] | None, body: bytes) -> str:
-    """The message of an upstream error body: ``error.message``, ``error``, ``message``, else the text."""
-    if obj is not None:
-        err = obj.get("error")
-        if isinstance(err, dict):
-            err = err.get("message")
-        if err is None and obj.get("object") == "error":
-            err = obj.get("message")
-        if err is not None:
-            return str(err)
-    return body.decode("utf-8", errors="replace").strip()

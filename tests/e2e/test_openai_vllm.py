@@ -26,8 +26,7 @@ from eloquent_client.sse import stream_sse
 
 from tests.support.cutproxy import CutPlan, CutProxy
 from tests.support.servers import eloquent_serve, nginx
-from tests.support.vllm import HANG_GUARD_S, VLLM_ENTRY, VllmServer, build_tiny_model, launch, serving
-from tests.adapters.vllm.test_vllm_transports import SlotHolder
+from tests.support.vllm import HANG_GUARD_S, VLLM_ENTRY, SlotHolder, VllmServer, build_tiny_model, launch, serving
 
 pytestmark = pytest.mark.vllm
 

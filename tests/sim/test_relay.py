@@ -1,5 +1,5 @@
-"""``eloquent relay`` in-process with plain UDP sockets on 127.0.0.1: delay, loss, outages, both directions,
-several clients, FIFO by default, and the CLI's input checks."""
+"""``eloquent relay`` in-process with plain UDP sockets on 127.0.0.1: delay, loss, outages, a severed path, both
+directions, several clients, FIFO by default, and the CLI's input checks."""
 
 from __future__ import annotations
 
@@ -141,6 +141,27 @@ async def test_outage_drops_everything_both_ways() -> None:
     await relay.close()
     client_t.close()
     server_t.close()
+
+
+async def test_a_severed_path_stays_dead_and_a_new_client_passes() -> None:
+    server_t, server = await _endpoint(echo=True)
+    relay = await start_relay(RelayConfig(target=server_t.get_extra_info("sockname")))
+    old_t, old = await _endpoint(remote=relay.listen_addr)
+    old_t.sendto(b"before")
+    await _settle(lambda: len(old.received) == 1)
+    relay.sever()
+    new_t, new = await _endpoint(remote=relay.listen_addr)  # a new socket: a new QUIC connection's
+    await asyncio.sleep(1.0)  # longer than any outage would need: the old path does not come back by itself
+    for i in range(10):
+        old_t.sendto(b"old%d" % i)
+        new_t.sendto(b"new%d" % i)
+    await _settle(lambda: len(new.received) == 10 and relay.stats.upstream.outage_dropped == 10)
+    await asyncio.sleep(0.05)
+    assert [d for d, _, _ in old.received] == [b"before"] and len(new.received) == 10
+    assert sorted(d for d, _, _ in server.received) == sorted([b"before", *(b"new%d" % i for i in range(10))])
+    await relay.close()
+    for transport in (old_t, new_t, server_t):
+        transport.close()
 
 
 async def test_each_client_gets_its_own_upstream_socket_and_its_replies() -> None:

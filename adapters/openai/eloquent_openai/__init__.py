@@ -3,7 +3,8 @@ LMDeploy, llama.cpp server, Ollama's /v1, mistral.rs, the built-in engine, ...).
 
 ``eloquent_openai.gateway.create_openai_gateway(url, config)`` builds the ASGI app; ``eloquent_openai.plugin``
 registers it as the ``openai`` upstream kind for ``eloquent serve --upstream openai=URL``. Keep-alive, event ids,
-resume, coalescing and HTTP/3 come from hosting the gateway behind ``EloquentMiddleware``, not from the gateway.
+resume, coalescing and HTTP/3 come from hosting the gateway in the serving stack (``transports.stack.wrap``,
+which puts ``EloquentMiddleware`` around it), not from the gateway.
 """
 
 from __future__ import annotations

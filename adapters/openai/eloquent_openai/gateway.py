@@ -26,19 +26,13 @@ from typing import Any
 
 import httpx
 from starlette.applications import Starlette
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from eloquent_plugins.core.codecs.openai import OpenAICodec
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.errors import ConfigError
-from eloquent_plugins.transports.failover import UpstreamSet, split_urls
-from eloquent_plugins.transports.proxy import (
-    UpstreamRelay,
-    create_gateway_app,
-    error_text,
-    json_object,
-    upstream_base_url,
-)
+from eloquent_plugins.transports.dialect import error_text, json_object
+from eloquent_plugins.transports.proxy import create_gateway_app, gateway_relay
 
 __all__ = ["OpenAIGatewayError", "STREAM_ROUTES", "create_openai_gateway"]
 
@@ -136,8 +130,13 @@ def _stream(obj: dict[str, Any]) -> _OpenAIStream | None:
 
 def _error_response(message: str, error_type: str, status: int) -> Response:
     """The answers the gateway gives itself (413, an unreachable upstream), in OpenAI's error shape."""
-    return JSONResponse({"error": {"message": message, "type": _ERROR_TYPES.get(error_type, "server_error"),
-                                   "param": None, "code": status}}, status_code=status)
+    return Response(_error_payload(message, error_type, status), status_code=status, media_type="application/json")
+
+
+def _root_url(url: str) -> None:
+    if url.endswith("/v1"):
+        raise OpenAIGatewayError(f"give the server's root URL, without /v1 (the gateway serves the same paths as the "
+                                 f"server): {url!r}")
 
 
 def create_openai_gateway(upstream_url: str, config: StreamConfig | None = None, *,
@@ -151,20 +150,9 @@ def create_openai_gateway(upstream_url: str, config: StreamConfig | None = None,
     with an error event; None (the default) waits forever, because these servers send nothing while a request
     is queued -- a client that leaves still ends it. ``transport`` lets tests and embedders route the traffic.
     """
-    urls = [upstream_base_url(url, OpenAIGatewayError, "OpenAI") for url in split_urls(upstream_url)]
-    if not urls:
-        raise OpenAIGatewayError(f"no upstream URL in {upstream_url!r}")
-    for url in urls:
-        if url.endswith("/v1"):
-            raise OpenAIGatewayError(f"give the server's root URL, without /v1 (the gateway serves the same paths "
-                                     f"as the server): {url!r}")
-    base_url = urls[0]
-    config = config or StreamConfig()
-    if stream_idle_timeout is not None and stream_idle_timeout <= 0:
-        raise OpenAIGatewayError(f"stream_idle_timeout must be > 0 seconds or None, got {stream_idle_timeout}")
-    relay = UpstreamRelay(base_url, "OpenAI", _error_response, config.max_request_bytes,
-                          timeout or httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None),
-                          stream_idle_timeout, transport, SSE_HEADERS, UpstreamSet(tuple(urls)), config.migrate)
+    relay = gateway_relay(upstream_url, "OpenAI", OpenAIGatewayError, _error_response, config or StreamConfig(),
+                          timeout=timeout, stream_idle_timeout=stream_idle_timeout, transport=transport,
+                          stream_headers=SSE_HEADERS, check_url=_root_url)
     app = create_gateway_app(relay, [(path, _stream) for path in STREAM_ROUTES])
     app.state.openai_upstream = relay.base_url
     app.state.upstreams = relay.upstreams

@@ -15,7 +15,8 @@ from eloquent_plugins.transports.upstream import UpstreamKind
 
 
 def create_app(url: str, config: StreamConfig) -> Any:
-    """The bare gateway; the host wraps it in ``EloquentMiddleware`` like every other upstream."""
+    """The bare gateway; the host wraps it in the serving stack (``transports.stack.wrap``) like every other
+    upstream."""
     from eloquent_openai.gateway import create_openai_gateway
 
     return create_openai_gateway(url, config)

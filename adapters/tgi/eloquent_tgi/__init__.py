@@ -2,7 +2,8 @@
 
 ``eloquent_tgi.gateway.create_tgi_gateway(url, config)`` builds the ASGI app; ``eloquent_tgi.plugin`` registers it
 as the ``tgi`` upstream kind for ``eloquent serve --upstream tgi=URL``. Keep-alive, event ids, resume, coalescing
-and HTTP/3 come from hosting the gateway behind ``EloquentMiddleware``, not from the gateway itself.
+and HTTP/3 come from hosting the gateway in the serving stack (``transports.stack.wrap``), not from the gateway
+itself.
 """
 
 from __future__ import annotations

@@ -27,16 +27,10 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse, Response
 
 from eloquent_plugins.transports.config import StreamConfig
+from eloquent_plugins.core.codecs.tgi import tgi_chat_error, tgi_error
 from eloquent_plugins.core.errors import ConfigError
-from eloquent_plugins.transports.failover import UpstreamSet, split_urls
-from eloquent_plugins.transports.proxy import (
-    UpstreamRelay,
-    create_gateway_app,
-    dump_json,
-    error_text,
-    json_object,
-    upstream_base_url,
-)
+from eloquent_plugins.transports.dialect import dump_json, error_text, json_object
+from eloquent_plugins.transports.proxy import create_gateway_app, gateway_relay
 
 __all__ = ["TGIGatewayError", "create_tgi_gateway"]
 
@@ -65,7 +59,7 @@ class _GenerateDialect:
 
     def error(self, message: str, error_type: str, status: int) -> list[bytes]:
         del status  # TGI's stream errors carry no status: they all arrive under the 200
-        return [dump_json({"error": message, "error_type": error_type})]
+        return [dump_json(tgi_error(message, error_type))]
 
     def rejected(self, status: int, body: bytes) -> list[bytes]:
         obj = json_object(body)
@@ -97,7 +91,7 @@ class _OpenAIDialect:
     def error(self, message: str, error_type: str, status: int) -> list[bytes]:
         del error_type  # TGI's OpenAI error events carry a status code, not a type
         self.done = True
-        return [dump_json({"error": {"message": message, "http_status_code": status}}), DONE]
+        return [dump_json(tgi_chat_error(message, status)), DONE]
 
     def rejected(self, status: int, body: bytes) -> list[bytes]:
         obj = json_object(body)
@@ -121,7 +115,7 @@ def _openai(obj: dict[str, Any]) -> _OpenAIDialect | None:
 
 def _error_response(message: str, error_type: str, status: int) -> Response:
     """TGI's own error body for the answers the gateway gives itself (413, an unreachable upstream)."""
-    return JSONResponse({"error": message, "error_type": error_type}, status_code=status)
+    return JSONResponse(tgi_error(message, error_type), status_code=status)
 
 
 def create_tgi_gateway(upstream_url: str, config: StreamConfig | None = None, *,
@@ -135,16 +129,9 @@ def create_tgi_gateway(upstream_url: str, config: StreamConfig | None = None, *,
     ``stream_idle_timeout`` seconds (TGI sends a keep-alive every 15 s) is ended with an ``incomplete_generation``
     event; None waits forever. ``transport`` lets tests and embedders route the upstream traffic.
     """
-    urls = [upstream_base_url(url, TGIGatewayError, "TGI") for url in split_urls(upstream_url)]
-    if not urls:
-        raise TGIGatewayError(f"no upstream URL in {upstream_url!r}")
-    base_url = urls[0]
-    config = config or StreamConfig()
-    if stream_idle_timeout is not None and stream_idle_timeout <= 0:
-        raise TGIGatewayError(f"stream_idle_timeout must be > 0 seconds or None, got {stream_idle_timeout}")
-    relay = UpstreamRelay(base_url, "TGI", _error_response, config.max_request_bytes,
-                          timeout or httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None),
-                          stream_idle_timeout, transport, SSE_HEADERS, UpstreamSet(tuple(urls)), config.migrate)
+    relay = gateway_relay(upstream_url, "TGI", TGIGatewayError, _error_response, config or StreamConfig(),
+                          timeout=timeout, stream_idle_timeout=stream_idle_timeout, transport=transport,
+                          stream_headers=SSE_HEADERS)
     app = create_gateway_app(relay, [
         ("/generate_stream", _generate_stream),
         ("/", _compat),

@@ -14,7 +14,8 @@ from eloquent_plugins.transports.upstream import UpstreamKind
 
 
 def create_app(url: str, config: StreamConfig) -> Any:
-    """The bare TGI gateway; the host wraps it in ``EloquentMiddleware`` like every other upstream."""
+    """The bare TGI gateway; the host wraps it in the serving stack (``transports.stack.wrap``) like every other
+    upstream."""
     from eloquent_tgi.gateway import create_tgi_gateway
 
     return create_tgi_gateway(url, config)

@@ -33,10 +33,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from eloquent_plugins.core.codecs.triton import triton_error
 from eloquent_plugins.core.errors import ConfigError
 
 from eloquent_triton.errors import TritonGatewayError, UpstreamError
-from eloquent_triton.payload import JSON_MEDIA_TYPE, SSE_MEDIA_TYPE, encode_event, encode_json, error_payload
+from eloquent_triton.payload import JSON_MEDIA_TYPE, SSE_MEDIA_TYPE, encode_event, encode_json
 from eloquent_triton.tensors import build_request
 
 PayloadStream = AsyncGenerator[dict[str, Any], None]
@@ -101,7 +102,7 @@ class _Backend:
 
 
 def _error_response(status: int, message: str) -> Response:
-    return Response(encode_json(error_payload(message)), status_code=status, media_type=JSON_MEDIA_TYPE)
+    return Response(encode_json(triton_error(message)), status_code=status, media_type=JSON_MEDIA_TYPE)
 
 
 async def _read_body(request: Request, limit: int) -> tuple[dict[str, Any], bytes]:
@@ -156,7 +157,7 @@ class TritonEventStream:
                     await send({"type": "http.response.body", "body": encode_event(payload), "more_body": True})
             except Exception as exc:  # upstream broke mid-stream: tell the client in Triton's way
                 message = str(exc) if isinstance(exc, UpstreamError) else f"Triton gateway: {exc!r}"
-                event = encode_event(error_payload(message))
+                event = encode_event(triton_error(message))
                 await send({"type": "http.response.body", "body": event, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:

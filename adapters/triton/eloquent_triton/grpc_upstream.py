@@ -17,9 +17,10 @@ from typing import Any
 import grpc
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
+from eloquent_plugins.core.codecs.triton import triton_error
+
 from eloquent_triton.errors import TritonGatewayError, UpstreamError
 from eloquent_triton.model_cache import ModelCache
-from eloquent_triton.payload import error_payload
 from eloquent_triton.tensors import build_request, response_payload
 
 _CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
@@ -90,7 +91,7 @@ class GrpcUpstream:
         try:
             async for message in call:
                 if message.error_message:
-                    yield error_payload(message.error_message)
+                    yield triton_error(message.error_message)
                     return
                 payload, final = response_payload(message.infer_response)
                 if payload is not None:
@@ -115,11 +116,11 @@ class GrpcUpstream:
                     return 400, payload
                 payloads.append(payload)
         except UpstreamError as exc:
-            return 502, error_payload(str(exc))
+            return 502, triton_error(str(exc))
         finally:
             await stream.aclose()
         if len(payloads) != 1:
-            return 400, error_payload(_ONE_RESPONSE)
+            return 400, triton_error(_ONE_RESPONSE)
         return 200, payloads[0]
 
     async def aclose(self) -> None:

@@ -17,11 +17,12 @@ import httpx
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
 
+from eloquent_plugins.core.codecs.triton import triton_error
 from eloquent_plugins.core.sse_reader import SSEParser
 
 from eloquent_triton.errors import TritonGatewayError, UpstreamError
 from eloquent_triton.model_cache import ModelCache
-from eloquent_triton.payload import error_payload, is_error
+from eloquent_triton.payload import is_error
 
 
 def model_path(model: str, version: str) -> str:
@@ -101,7 +102,7 @@ class HttpUpstream:
             if not media_type.startswith("text/event-stream"):
                 # Rejected before inference began: a plain JSON error body.
                 body_bytes = await response.aread()
-                yield error_payload(_error_text(body_bytes, f"Triton answered HTTP {response.status_code}"))
+                yield triton_error(_error_text(body_bytes, f"Triton answered HTTP {response.status_code}"))
                 return
             parser = SSEParser()
             async for chunk in response.aiter_raw():

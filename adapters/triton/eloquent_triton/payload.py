@@ -23,9 +23,5 @@ def encode_event(payload: Mapping[str, Any]) -> bytes:
     return b"data: " + encode_json(payload) + b"\n\n"
 
 
-def error_payload(message: str) -> dict[str, str]:
-    return {"error": message}
-
-
 def is_error(payload: Mapping[str, Any]) -> bool:
     return "error" in payload

@@ -56,20 +56,15 @@ class VllmStreamMiddleware:
         if settings.config is None:  # transport "none" named explicitly: stay out of the way
             self._inner = self.app
         else:
-            from eloquent_plugins.transports.browser import BrowserRoutes
-            from eloquent_plugins.transports.request_timeouts import BodyTimeoutMiddleware
+            from eloquent_plugins.transports.stack import wrap  # here: the adapter imports without a transport
 
-            # Outermost, as in ``eloquent serve``: a trickled request body is cut before vLLM parses it. vLLM runs
-            # its own uvicorn, so the header-read timeout (a uvicorn protocol class) cannot be installed here.
-            inner = sse_middleware_class()(self.app, config=settings.config)
-            self._drain = getattr(inner, "drain", None)
-            register_stream_metrics(inner)  # vLLM's /metrics shows them too; /eloquent/metrics always does
-            timed = BodyTimeoutMiddleware(inner, settings.config.body_timeout)
-            self._inner = BrowserRoutes(timed, certfile=settings.config.certfile)  # /chat, /eloquent/client.js
-            if settings.wants_http3:  # TCP responses advertise the HTTP/3 port (clients' transport="auto")
-                from eloquent_plugins.transports.alt_svc import AltSvcMiddleware
-
-                self._inner = AltSvcMiddleware(self._inner, settings.http3_port)
+            # The stack ``eloquent serve`` hosts (transports.stack), in the same order. vLLM runs its own uvicorn,
+            # so the header-read timeout (a uvicorn protocol class) cannot be installed here.
+            stack = wrap(self.app, settings.config, stream_layer=sse_middleware_class(),
+                         alt_svc=settings.wants_http3, alt_svc_port=settings.http3_port)
+            self._drain = getattr(stack.streams, "drain", None)
+            register_stream_metrics(stack.streams)  # vLLM's /metrics shows them too; /eloquent/metrics always does
+            self._inner = stack.app
         self._settings = settings
         return settings
 

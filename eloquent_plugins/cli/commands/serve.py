@@ -76,26 +76,20 @@ async def serve(args: argparse.Namespace, config) -> int:  # type: ignore[no-unt
     import uvicorn
 
     from eloquent_plugins.cli.draining import DrainingServer
-    from eloquent_plugins.cli.app_factory import build_app
-    from eloquent_plugins.transports.alt_svc import AltSvcMiddleware
+    from eloquent_plugins.cli.app_factory import build_stack
     from eloquent_plugins.transports.request_timeouts import header_timeout_protocol
 
     pm = create_plugin_manager()
     drain = Drain(config.drain_timeout, token=config.drain_token)
     with needs_extra(f"--upstream {args.upstream}" if args.upstream else "eloquent serve"):
-        if args.stream_transport == "none":  # the app as it is, without the streaming layer (a baseline)
-            app = _bare_app(config, pm, args)
-        else:
-            app = build_app(config, pm, upstream=args.upstream, engine_options={"tpot": args.tpot, "ttft": args.ttft},
-                            drain=drain)
-    if args.cors_origin:  # outermost: preflights never reach the app; both transports expose the stream id
-        from eloquent_plugins.transports.cors import CorsMiddleware
-
-        app = CorsMiddleware(app, args.cors_origin)
+        # --stream-transport none: the app as it is, without the streaming layer (a baseline)
+        stack = build_stack(config, pm, upstream=args.upstream, engine_options={"tpot": args.tpot, "ttft": args.ttft},
+                            drain=drain, streams=args.stream_transport != "none", cors_origins=args.cors_origin,
+                            alt_svc=config.stream_transport == "eloquent")
+    app = stack.app  # both transports host it; TCP responses advertise the HTTP/3 port once it is bound (below)
     await check_tcp_port(args.host, args.port)
-    tcp_app = AltSvcMiddleware(app, None)  # TCP responses advertise the HTTP/3 port once it is bound (below)
     # http=: uvicorn's h11 protocol plus a header-read deadline (uvicorn has none); keep-alive idle stays uvicorn's.
-    server = DrainingServer(uvicorn.Config(tcp_app, host=args.host, port=args.port, log_level=args.log_level,
+    server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            log_config=log_config(args.log_level),
                                            lifespan="auto", timeout_graceful_shutdown=AFTER_DRAIN,
                                            # a certificate: HTTPS on TCP from the files HTTP/3 serves (browsers
@@ -118,7 +112,8 @@ async def serve(args: argparse.Namespace, config) -> int:  # type: ignore[no-unt
         except OSError as exc:  # certificate trouble is a ConfigError already: this is the bind
             raise listen_error(exc, "udp", args.host, udp_port) from None
         log.info("HTTP/3 (Eloquent datagrams) on udp://%s:%s", args.host, h3.port)
-        tcp_app.port = h3.port
+        if stack.alt_svc is not None:
+            stack.alt_svc.port = h3.port
     # Everything built so far (modules, the app, the engine's corpus) lives as long as the process: move it out of
     # the collector's sight, so a full collection under load scans only the streams' own objects (shorter pauses).
     await warn_unreachable(args.upstream)
@@ -131,15 +126,3 @@ async def serve(args: argparse.Namespace, config) -> int:  # type: ignore[no-unt
         if h3 is not None:
             await h3.close()
     return 0
-
-
-def _bare_app(config, pm, args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """``--stream-transport none``: the engine or the upstream gateway alone (what the plugin's none means)."""
-    if args.upstream:
-        from eloquent_plugins.transports.upstream import parse_upstream, upstream_kind
-
-        kind, url = parse_upstream(args.upstream)
-        return upstream_kind(pm, kind).create_app(url, config)
-    from eloquent_plugins.engine import EngineConfig, create_engine_app
-
-    return create_engine_app(EngineConfig(tpot=args.tpot, ttft=args.ttft))

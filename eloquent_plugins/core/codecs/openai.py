@@ -9,6 +9,13 @@ from eloquent_plugins.core.codecs.base import CodecError, EventView, dump_json, 
 DONE = b"[DONE]"
 
 
+def openai_error(message: str, *, error_type: str = "EngineError", param: str | None = None,
+                 code: str | int | None = None) -> dict[str, Any]:
+    """OpenAI's error object: the JSON body of an error response and, once a stream's 200 is out, its in-band
+    error event (then ``[DONE]``); the openai SDKs raise the class that ``error_type`` / the status name."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
 class OpenAICodec:
     name = "openai"
 
@@ -50,8 +57,7 @@ class OpenAICodec:
 
     def error_payload(self, message: str, *, error_type: str = "EngineError", status: int = 500,
                       code: str | int | None = None) -> bytes:
-        return dump_json({"error": {"message": message, "type": error_type, "param": None,
-                                    "code": status if code is None else code}})
+        return dump_json(openai_error(message, error_type=error_type, code=status if code is None else code))
 
     def end_payloads(self) -> tuple[bytes, ...]:
         return (DONE,)

@@ -7,6 +7,19 @@ from typing import Any
 from eloquent_plugins.core.codecs.base import CodecError, EventView, dump_json, load_json
 
 
+def tgi_error(message: str, error_type: str = "generation") -> dict[str, Any]:
+    """TGI's error on its generate routes (``/generate``, ``/generate_stream``, ``/``), as a body or an in-band
+    event; ``error_type`` is one of TGI's own (validation, generation, overloaded, incomplete_generation,
+    tokenizer), which the ``text-generation`` client maps to its exception classes."""
+    return {"error": message, "error_type": error_type}
+
+
+def tgi_chat_error(message: str, status: int) -> dict[str, Any]:
+    """TGI's error event on its OpenAI-compatible routes (``/v1/chat/completions``, ``/v1/completions``): a
+    status code instead of a type, then ``[DONE]``."""
+    return {"error": {"message": message, "http_status_code": status}}
+
+
 class TGICodec:
     name = "tgi"
 
@@ -35,8 +48,7 @@ class TGICodec:
 
     def error_payload(self, message: str, *, error_type: str = "generation", status: int = 500,
                       code: str | int | None = None) -> bytes:
-        # TGI's own error types: validation, generation, overloaded, incomplete_generation, tokenizer.
-        return dump_json({"error": message, "error_type": error_type})
+        return dump_json(tgi_error(message, error_type))
 
     def end_payloads(self) -> tuple[bytes, ...]:
         return ()

@@ -9,6 +9,11 @@ from eloquent_plugins.core.codecs.base import CodecError, EventView, dump_json, 
 TEXT_OUTPUTS = ("text_output", "OUTPUT", "output", "text")
 
 
+def triton_error(message: str) -> dict[str, Any]:
+    """Triton's error: the JSON body of an error response, and the last event of a stream that failed."""
+    return {"error": message}
+
+
 class TritonCodec:
     name = "triton"
 
@@ -31,7 +36,7 @@ class TritonCodec:
 
     def error_payload(self, message: str, *, error_type: str = "", status: int = 500,
                       code: str | int | None = None) -> bytes:
-        return dump_json({"error": message})
+        return dump_json(triton_error(message))
 
     def end_payloads(self) -> tuple[bytes, ...]:
         return ()

@@ -18,9 +18,8 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import threading
 from collections.abc import Iterator
-from typing import Any, Self
+from typing import Any
 
 import httpx
 import pytest
@@ -33,6 +32,7 @@ from tests.support.vllm import (
     HANG_GUARD_S,
     OWN_ENTRY,
     VLLM_ENTRY,
+    SlotHolder,
     VllmServer,
     build_tiny_model,
     launch,
@@ -41,9 +41,6 @@ from tests.support.vllm import (
 
 pytestmark = pytest.mark.vllm
 
-OCCUPY_TOKENS = 30000
-"""Tokens asked of the request that holds vLLM's single slot: it must outlast everything the queued request
-waits for, even on a loaded 2-core machine (about 600 tokens/s unloaded); it is always abandoned, never finished."""
 KEEPALIVE_S = 1.0
 PROXY_READ_TIMEOUT_S = 3
 LOSSY = PathConfig(delay=0.05, loss=0.1, burst=2.0)
@@ -158,49 +155,6 @@ async def test_http3_eloquent_through_a_lossy_relay_streams_the_non_streamed_tex
 NGINX_EXTRA = f"proxy_read_timeout {PROXY_READ_TIMEOUT_S}s; proxy_buffering off;"
 QUEUED_PROMPT = "A request that waits in the queue"
 QUEUED_TOKENS = 24
-
-
-class SlotHolder:
-    """Streams a very long completion straight to vLLM in a thread, so it holds the single sequence slot until
-    ``release()`` hangs up (which aborts it)."""
-
-    def __init__(self, server: VllmServer) -> None:
-        self.server = server
-        self.started = threading.Event()
-        self._release = threading.Event()
-        self.error: Exception | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        body = {"model": self.server.model, "prompt": "Hold the slot", "max_tokens": OCCUPY_TOKENS,
-                "ignore_eos": True, "stream": True}
-        try:
-            with httpx.stream("POST", f"{self.server.base_url}/v1/completions", json=body,
-                              timeout=HANG_GUARD_S) as response:
-                assert response.status_code == 200
-                for line in response.iter_lines():
-                    if line.startswith("data:"):
-                        self.started.set()
-                    if self._release.is_set():
-                        return
-                raise AssertionError("the slot holder finished: OCCUPY_TOKENS is too small")
-        except Exception as exc:  # noqa: BLE001 - reported by the test
-            self.error = exc
-        finally:
-            self.started.set()
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        assert self.started.wait(HANG_GUARD_S), "the slot holder got no token"
-        assert self.error is None, self.error
-        return self
-
-    def release(self) -> None:
-        self._release.set()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-        self._thread.join(HANG_GUARD_S)
 
 
 def _queued_body(server: VllmServer, *, stream: bool) -> dict[str, Any]:
