@@ -15,8 +15,9 @@ event throughput, the inter-event gap each client saw (p50/p99/max, against the 
 token, completed streams and every error by kind, and the hostile traffic actually sent. The figures are
 printed; nothing here asserts a target.
 
-Layout: this module holds the configuration, the server, the run and the command line; the clients and load
-processes are in :mod:`.load_clients`, the figures and the printed table in :mod:`.load_report`.
+Layout: this module holds the server, the run and the command line; the configuration is :mod:`.load_config`,
+the requests :mod:`.load_wire`, the clients and load processes :mod:`.load_clients`, the figures and the printed
+table :mod:`.load_report`.
 """
 
 from __future__ import annotations
@@ -31,78 +32,22 @@ import subprocess
 import sys
 import time
 from array import array
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from eloquent_plugins.cli import numbers
-from eloquent_plugins.cli.bench.load_clients import (  # noqa: F401 - re-exported: tests and callers use load.X
-    MODEL,
-    PROMPTS,
-    Tally,
-    _chat_body,
-    _delta,
-    _h3_slot,
-    _prompts,
-    _raise_nofile,
-    _sse_slot,
-    _StreamCheck,
-    _worker,
+from eloquent_plugins.cli.bench.load_clients import load_process, raise_nofile
+from eloquent_plugins.cli.bench.load_config import (
+    HOSTILE_PRESET,
+    MAX_FAKE_INITIALS_PER_S,
+    MAX_NEVER_READERS,
+    MAX_RESUME_STORM,
+    LoadConfig,
 )
-from eloquent_plugins.cli.bench.load_report import (  # noqa: F401 - re-exported as above
-    Sample,
-    _percentile,
-    _slope,
-    print_summary,
-    summarize,
-)
+from eloquent_plugins.cli.bench.load_report import Sample, nan_percentile, print_summary, summarize
+from eloquent_plugins.cli.bench.load_wire import chat_body, prompts
 from eloquent_plugins.cli.bench.procs import free_port, stop_process, wait_healthy
 from eloquent_plugins.cli.flags import add_plot, add_progress
-
-
-@dataclass(frozen=True, slots=True)
-class LoadConfig:
-    sse_streams: int = 1000
-    h3_streams: int = 200
-    h3_connections: int = 20
-    duration: float = 300.0
-    """Seconds the full load is held, after the ramp."""
-    ramp: float = 20.0
-    """Seconds over which the stream slots open, evenly spread."""
-    tpot: float = 0.5
-    ttft: float = 0.2
-    max_tokens: int = 60
-    resume_ttl: float = 30.0
-    """The server's ``ELOQUENT_RESUME_TTL``: finished streams stay in the replay store this long."""
-    sample_interval: float = 2.0
-    read_timeout: float = 60.0
-    never_readers: int = 0
-    """Hostile: TCP clients that send a streaming request and never read a byte (each one the server closes is
-    replaced)."""
-    fake_initials_per_s: float = 0.0
-    """Hostile: QUIC v1 Initial packets per second with random DCIDs and undecryptable payloads."""
-    resume_storm: int = 0
-    """Hostile: SSE clients that cut every stream after a few events and resume it, over and over."""
-
-    @property
-    def stream_seconds(self) -> float:
-        return self.ttft + self.max_tokens * self.tpot
-
-    @property
-    def steady_after(self) -> float:
-        """Seconds from the start of the ramp after which memory should no longer grow: every slot has run one
-        whole stream and the first finished streams have left the replay store."""
-        return self.ramp + self.stream_seconds + self.resume_ttl
-
-    @property
-    def hostile(self) -> bool:
-        return bool(self.never_readers or self.fake_initials_per_s or self.resume_storm)
-
-
-HOSTILE_PRESET = {"never_readers": 200, "fake_initials_per_s": 300.0, "resume_storm": 50}
-"""What ``--hostile`` alone adds beside the default load (each knob given on the command line wins)."""
-MAX_NEVER_READERS = 5000
-MAX_FAKE_INITIALS_PER_S = 20000.0
-MAX_RESUME_STORM = 2000
 
 
 # -- the server and what the parent samples ------------------------------------------------------------------------
@@ -124,7 +69,7 @@ def _cpu_seconds(pid: int) -> float:
 
 def start_server(cfg: LoadConfig, log_path: str) -> tuple[subprocess.Popen[bytes], int, int]:
     """``eloquent serve`` with the built-in engine on free TCP/UDP ports; returns once ``/health`` answers."""
-    _raise_nofile()  # inherited by the server: 1000+ connections
+    raise_nofile()  # inherited by the server: 1000+ connections
     port, udp = free_port(), free_port(socket.SOCK_DGRAM)
     cmd = [sys.executable, "-m", "eloquent_plugins.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--eloquent-port", str(udp), "--tpot", str(cfg.tpot), "--ttft", str(cfg.ttft), "--log-level", "warning"]
@@ -147,8 +92,8 @@ def _expected_texts(port: int, cfg: LoadConfig) -> dict[str, str]:
 
     out = {}
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-        for prompt in _prompts():
-            body = _chat_body(prompt, cfg.max_tokens, False)
+        for prompt in prompts():
+            body = chat_body(prompt, cfg.max_tokens, False)
             body["eloquent_engine"] = {"ttft": 0, "tpot": 0}
             r = client.post("/v1/chat/completions", json=body)
             r.raise_for_status()
@@ -170,7 +115,7 @@ def _final(kind: str, pipe: Any, timeout: float = 60) -> dict[str, Any]:
 def run_load(cfg: LoadConfig, *, log_path: str, progress: bool = True) -> dict[str, Any]:
     import httpx
 
-    _raise_nofile()
+    raise_nofile()
     proc, port, udp = start_server(cfg, log_path)
     ctx = multiprocessing.get_context("spawn")
     workers: list[tuple[str, Any, Any]] = []
@@ -183,7 +128,7 @@ def run_load(cfg: LoadConfig, *, log_path: str, progress: bool = True) -> dict[s
             if n <= 0:
                 continue
             parent, child = ctx.Pipe()
-            worker = ctx.Process(target=_worker, args=(kind, cfg, port, udp, expected, child), daemon=True)
+            worker = ctx.Process(target=load_process, args=(kind, cfg, port, udp, expected, child), daemon=True)
             worker.start()
             child.close()
             workers.append((kind, worker, parent))
@@ -214,7 +159,7 @@ def run_load(cfg: LoadConfig, *, log_path: str, progress: bool = True) -> dict[s
             sample = Sample(t - t0, _rss_bytes(proc.pid), (cpu - prev_cpu) / (t - prev_t),
                             sum(_rss_bytes(w.pid) for _, w, _ in workers), (load_cpu - prev_load_cpu) / (t - prev_t),
                             sum(m["active"] for m in last.values()), sum(m["events"] for m in last.values()),
-                            sum(m["errors"] for m in last.values()), _percentile(window, 99))
+                            sum(m["errors"] for m in last.values()), nan_percentile(window, 99))
             prev_cpu, prev_t, prev_load_cpu = cpu, t, load_cpu
             samples.append(sample)
             if progress and (len(samples) % max(1, int(30 / cfg.sample_interval)) == 0 or t >= end):

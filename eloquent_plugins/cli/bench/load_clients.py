@@ -16,12 +16,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from eloquent_plugins.cli.bench.load_wire import chat_body, content_delta
+
 if TYPE_CHECKING:
-    from eloquent_plugins.cli.bench.load import LoadConfig
-
-MODEL = "eloquent-builtin"
-PROMPTS = 32
-
+    from eloquent_plugins.cli.bench.load_config import LoadConfig
 
 # -- what each load process counts ---------------------------------------------------------------------------------
 
@@ -64,27 +62,6 @@ class Tally:
                 "gaps": self.gaps.tobytes(), "ttfts": self.ttfts.tobytes(), "ttft_at": self.ttft_at.tobytes()}
 
 
-def _chat_body(prompt: str, max_tokens: int, stream: bool) -> dict[str, Any]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "stream": stream,
-            "max_tokens": max_tokens, "temperature": 0}
-
-
-def _prompts() -> list[str]:
-    return [f"Load test {k}: tell me a long story about streaming." for k in range(PROMPTS)]
-
-
-def _delta(data: str) -> tuple[str | None, bool]:
-    """(content delta or None, whether the event is an in-band error)."""
-    obj = json.loads(data)
-    if "error" in obj:
-        return None, True
-    for choice in obj.get("choices") or ():
-        content = (choice.get("delta") or {}).get("content")
-        if content:
-            return content, False
-    return None, False
-
-
 # -- SSE load process ----------------------------------------------------------------------------------------------
 
 
@@ -116,7 +93,7 @@ class _StreamCheck:
                 self.done = True
             if not data or data == "[DONE]":
                 return
-        delta, in_band = (None, True) if error else _delta(data)
+        delta, in_band = (None, True) if error else content_delta(data)
         if in_band:
             self.failed = True
             self.tally.error("in-band error event", data)
@@ -152,7 +129,7 @@ async def _sse_slot(slot: int, cfg: LoadConfig, port: int, expected: dict[str, s
         while not stop.is_set():
             prompt = prompts[(slot + i) % len(prompts)]
             i += 1
-            body = json.dumps(_chat_body(prompt, cfg.max_tokens, True)).encode()
+            body = json.dumps(chat_body(prompt, cfg.max_tokens, True)).encode()
             tally.started += 1
             active[0] += 1
             check = _StreamCheck(tally)
@@ -197,7 +174,7 @@ async def _h3_slot(slot: int, cfg: LoadConfig, client: Any, expected: dict[str, 
         check = _StreamCheck(tally)
         try:
             async with client.stream("POST", "/v1/chat/completions",
-                                     json=_chat_body(prompt, cfg.max_tokens, True)) as resp:
+                                     json=chat_body(prompt, cfg.max_tokens, True)) as resp:
                 async for event in resp.events():
                     check.on_data(event.data, event.rendered_at, error=event.kind == "error")
             # The reliable trailer (event count + digest) proves completeness here: no [DONE] needed.
@@ -215,16 +192,16 @@ async def _h3_slot(slot: int, cfg: LoadConfig, client: Any, expected: dict[str, 
 # -- one load process ----------------------------------------------------------------------------------------------
 
 
-def _raise_nofile() -> None:
+def raise_nofile() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard))
 
 
-def _worker(kind: str, cfg: LoadConfig, port: int, udp_port: int, expected: dict[str, str], pipe: Any) -> None:
+def load_process(kind: str, cfg: LoadConfig, port: int, udp_port: int, expected: dict[str, str], pipe: Any) -> None:
     """Entry of a load process: hold the slots (``kind`` ``sse`` or ``h3``) or the hostile mix (``hostile``, see
     :mod:`.load_hostile`) until the parent says stop, reporting progress on ``pipe``."""
-    _raise_nofile()
+    raise_nofile()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and tells us to stop
     if kind == "hostile":
         from eloquent_plugins.cli.bench.load_hostile import hostile_main

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 from eloquent_plugins.core.stall import percentile
 
 if TYPE_CHECKING:
-    from eloquent_plugins.cli.bench.load import LoadConfig
+    from eloquent_plugins.cli.bench.load_config import LoadConfig
 
 
-def _percentile(values: list[float], q: float) -> float:
+def nan_percentile(values: list[float], q: float) -> float:
     """``core.stall.percentile`` (interpolated, like every other figure here), NaN rather than 0 for no values."""
     return percentile(values, q) if values else float("nan")
 
@@ -77,10 +77,10 @@ def summarize(cfg: LoadConfig, samples: list[Sample], finals: dict[str, dict[str
         ttfts = list(array("d", final["ttfts"]))
         held = [x for x, at in zip(ttfts, array("d", final["ttft_at"])) if at - t0 >= cfg.ramp]
         out[kind] = {k: final[k] for k in ("started", "completed", "cancelled", "events", "errors", "examples")}
-        out[kind].update({"gap_p50_ms": _percentile(gaps, 50) * 1000, "gap_p99_ms": _percentile(gaps, 99) * 1000,
+        out[kind].update({"gap_p50_ms": nan_percentile(gaps, 50) * 1000, "gap_p99_ms": nan_percentile(gaps, 99) * 1000,
                           "gap_max_ms": max(gaps, default=float("nan")) * 1000,
-                          "ttft_p50_ms": _percentile(ttfts, 50) * 1000, "ttft_p99_ms": _percentile(ttfts, 99) * 1000,
-                          "held_ttft_p99_ms": _percentile(held, 99) * 1000,
+                          "ttft_p50_ms": nan_percentile(ttfts, 50) * 1000, "ttft_p99_ms": nan_percentile(ttfts, 99) * 1000,
+                          "held_ttft_p99_ms": nan_percentile(held, 99) * 1000,
                           "gaps": len(gaps)})
     out["errors"] = sum(sum(f["errors"].values()) for f in finals.values())
     if hostile is not None:
