@@ -28,11 +28,11 @@ import openai
 import pytest
 from eloquent_client import AsyncEloquentTransport, PathMemory
 
+from eloquent_plugins.cli.bench.replica import Replica
 from eloquent_plugins.core.protocol import DELIVERY_HEADER
 from eloquent_plugins.core.sse_reader import SSEParser
 from eloquent_plugins.transports.http3.certs import CertificatePair, generate_dev_certificate
 from tests.support.client_servers import CHAT, MODEL, chat_body
-from tests.support.fleet import Replica
 from tests.support.servers import nginx_balancer, nginx_upstream, redis_server
 from tests.support.streams import text_of, wait_until
 
