@@ -323,13 +323,14 @@ class EloquentClient:
                 continue
             except HTTPStatusError as exc:
                 conn = self._h3
-                if (not _draining(exc) or tcp_only or conn is None or conn.closed
-                        or time.monotonic() > deadline):
+                if not _draining(exc) or tcp_only or time.monotonic() > deadline:
                     raise
                 async with self._h3_lock:
-                    if self._h3 is conn:
+                    # The draining connection may be closed already (the drain ended): a new one either way.
+                    if conn is not None and self._h3 is conn:
                         self._h3 = None
-                        self._draining.add(conn)
+                        if not conn.closed:
+                            self._draining.add(conn)
                 if self.transport == "auto":
                     tcp_only = True
                 else:
