@@ -30,6 +30,12 @@ class LoadConfig:
     """Hostile: QUIC v1 Initial packets per second with random DCIDs and undecryptable payloads."""
     resume_storm: int = 0
     """Hostile: SSE clients that cut every stream after a few events and resume it, over and over."""
+    restart_every: float = 0.0
+    """Seconds between rolling restarts (0: one server, never restarted). With it the run holds ``replicas``
+    servers sharing a redis-server behind nginx (:mod:`.load_fleet`)."""
+    replicas: int = 2
+    drain_timeout: float = 2.0
+    """The replicas' ``--drain-timeout`` under restarts: streams still running then are handed over (migrated)."""
 
     @property
     def stream_seconds(self) -> float:
@@ -42,6 +48,10 @@ class LoadConfig:
         return self.ramp + self.stream_seconds + self.resume_ttl
 
     @property
+    def fleet(self) -> bool:
+        return self.restart_every > 0
+
+    @property
     def hostile(self) -> bool:
         return bool(self.never_readers or self.fake_initials_per_s or self.resume_storm)
 
@@ -51,3 +61,4 @@ HOSTILE_PRESET = {"never_readers": 200, "fake_initials_per_s": 300.0, "resume_st
 MAX_NEVER_READERS = 5000
 MAX_FAKE_INITIALS_PER_S = 20000.0
 MAX_RESUME_STORM = 2000
+MAX_REPLICAS = 16
