@@ -15,27 +15,22 @@ event throughput, the inter-event gap each client saw (p50/p99/max, against the 
 token, completed streams and every error by kind, and the hostile traffic actually sent. The figures are
 printed; nothing here asserts a target.
 
-Layout: this module holds the server, the run and the command line; the configuration is :mod:`.load_config`,
-the requests :mod:`.load_wire`, the clients and load processes :mod:`.load_clients`, the figures and the printed
-table :mod:`.load_report`.
+Layout: this module holds the run and the command line; the configuration is :mod:`.load_config`, the servers
+and their sampling :mod:`.load_servers` (the fleet under ``--restart-every``: :mod:`.load_fleet`), the requests
+:mod:`.load_wire`, the clients and load processes :mod:`.load_clients`, the figures and the table :mod:`.load_report`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import multiprocessing
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from array import array
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import Any
 
 from eloquent_plugins.cli import numbers
 from eloquent_plugins.cli.bench.load_clients import load_process, raise_nofile
@@ -48,79 +43,15 @@ from eloquent_plugins.cli.bench.load_config import (
     LoadConfig,
 )
 from eloquent_plugins.cli.bench.load_report import Sample, nan_percentile, print_summary, summarize
+from eloquent_plugins.cli.bench.load_servers import (
+    cpu_seconds,
+    engine_stats,
+    fleet_figures,
+    rss_bytes,
+    servers_under_load,
+)
 from eloquent_plugins.cli.bench.load_wire import chat_body, prompts
-from eloquent_plugins.cli.bench.procs import free_port, stop_process, wait_healthy
 from eloquent_plugins.cli.flags import add_plot, add_progress
-
-if TYPE_CHECKING:
-    from eloquent_plugins.cli.bench.load_fleet import RollingRestarts
-
-
-# -- the server and what the parent samples ------------------------------------------------------------------------
-
-
-def _rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:  # gone (a replica restarting)
-        pass
-    return 0
-
-
-def _cpu_seconds(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@dataclass
-class Servers:
-    """What the parent samples: one ``eloquent serve``, or a fleet's replicas (whose processes come and go: CPU is
-    summed per process, so a restart neither loses nor repeats any)."""
-
-    port: int
-    udp_port: int
-    pids: Callable[[], list[int]]
-    stats_ports: list[int]
-    restarts: RollingRestarts | None = None
-    _cpu: dict[int, float] = field(default_factory=dict)
-    _spent: float = 0.0
-
-    def rss(self) -> int:
-        return sum(_rss_bytes(pid) for pid in self.pids())
-
-    def cpu(self) -> float:
-        for pid in self.pids():
-            now = _cpu_seconds(pid)
-            self._spent += max(0.0, now - self._cpu.get(pid, now))
-            self._cpu[pid] = now
-        return self._spent
-
-
-def start_server(cfg: LoadConfig, log_path: str) -> tuple[subprocess.Popen[bytes], int, int]:
-    """``eloquent serve`` with the built-in engine on free TCP/UDP ports; returns once ``/health`` answers."""
-    raise_nofile()  # inherited by the server: 1000+ connections
-    port, udp = free_port(), free_port(socket.SOCK_DGRAM)
-    cmd = [sys.executable, "-m", "eloquent_plugins.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--eloquent-port", str(udp), "--tpot", str(cfg.tpot), "--ttft", str(cfg.ttft), "--log-level", "warning"]
-    env = {**os.environ, "ELOQUENT_RESUME_TTL": str(cfg.resume_ttl)}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                process_group=0)  # see procs.stop_process
-    wait_healthy(proc, f"http://127.0.0.1:{port}/health", timeout=60, log_path=log_path, what="eloquent serve",
-                 interval=0.2)
-    return proc, port, udp
-
-
-def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    stop_process(proc, signal.SIGINT, grace=15)
-
 
 def _expected_texts(port: int, cfg: LoadConfig) -> dict[str, str]:
     """The non-streamed answer for every prompt the load uses (with ttft/tpot 0: no need to wait for them)."""
@@ -148,63 +79,11 @@ def _final(kind: str, pipe: Any, timeout: float = 60) -> dict[str, Any]:
     raise RuntimeError(f"the {kind} load process sent no final figures")
 
 
-@contextlib.contextmanager
-def _servers(cfg: LoadConfig, log_path: str) -> Iterator[tuple[Servers, Callable[[], None]]]:
-    """The servers under load, and a check that raises if one died (or a rolling restart failed)."""
-    if not cfg.fleet:
-        proc, port, udp = start_server(cfg, log_path)
-
-        def alive() -> None:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server died (exit code {proc.returncode}; log {log_path})")
-
-        try:
-            yield Servers(port, udp, lambda: [proc.pid], [port]), alive
-        finally:
-            stop_server(proc)
-        return
-    from eloquent_plugins.cli.bench import load_fleet
-
-    with load_fleet.fleet(cfg) as f:
-        restarts = load_fleet.RollingRestarts(f, cfg.restart_every, cfg.drain_timeout)
-        servers = Servers(f.port, f.udp_port, f.pids, [r.port for r in f.replicas], restarts)
-
-        def alive() -> None:
-            if restarts.error is not None:
-                raise RuntimeError(f"a rolling restart failed: {restarts.error!r}")
-
-        yield servers, alive
-
-
-def _engine_stats(ports: list[int]) -> dict[str, Any]:
-    """``/v1/engine/stats`` summed over the servers, once none runs a request any more (at most 30 s): streams cut
-    at the end are abandoned, and the engine aborts them after the resume grace period."""
-    import httpx
-
-    stats: dict[str, Any] = {}
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        stats = {}
-        for port in ports:
-            try:
-                one = httpx.get(f"http://127.0.0.1:{port}/v1/engine/stats", timeout=10).json()
-            except (httpx.HTTPError, ValueError):  # a server shedding load may refuse this too: ask again
-                stats = {}
-                break
-            for key, value in one.items():
-                if isinstance(value, (int, float)):
-                    stats[key] = stats.get(key, 0) + value
-        if stats.get("running") == 0:
-            break
-        time.sleep(1)
-    return stats
-
-
 def run_load(cfg: LoadConfig, *, log_path: str, progress: bool = True) -> dict[str, Any]:
     raise_nofile()
     ctx = multiprocessing.get_context("spawn")
     workers: list[tuple[str, Any, Any]] = []
-    with _servers(cfg, log_path) as (servers, alive):
+    with servers_under_load(cfg, log_path) as (servers, alive):
         restarts = servers.restarts
         try:
             port, udp = servers.port, servers.udp_port
@@ -250,9 +129,9 @@ def run_load(cfg: LoadConfig, *, log_path: str, progress: bool = True) -> dict[s
                 alive()
                 t = time.monotonic()
                 cpu = servers.cpu()
-                load_cpu = sum(_cpu_seconds(w.pid) for _, w, _ in workers)
+                load_cpu = sum(cpu_seconds(w.pid) for _, w, _ in workers)
                 sample = Sample(t - t0, servers.rss(), (cpu - prev_cpu) / (t - prev_t),
-                                sum(_rss_bytes(w.pid) for _, w, _ in workers), (load_cpu - prev_load_cpu) / (t - prev_t),
+                                sum(rss_bytes(w.pid) for _, w, _ in workers), (load_cpu - prev_load_cpu) / (t - prev_t),
                                 sum(m["active"] for m in last.values()), sum(m["events"] for m in last.values()),
                                 sum(m["errors"] for m in last.values()), nan_percentile(window, 99))
                 prev_cpu, prev_t, prev_load_cpu = cpu, t, load_cpu
@@ -275,9 +154,9 @@ def run_load(cfg: LoadConfig, *, log_path: str, progress: bool = True) -> dict[s
             for _, worker, _ in workers:
                 worker.join(30)
             hostile = finals.pop("hostile", None)
-            stats = _engine_stats(servers.stats_ports)
+            stats = engine_stats(servers.stats_ports)
             drained_rss = servers.rss()
-            fleet = None if restarts is None else _fleet_figures(restarts)
+            fleet = None if restarts is None else fleet_figures(restarts)
         finally:
             if restarts is not None:
                 restarts.stop()
@@ -289,12 +168,6 @@ def run_load(cfg: LoadConfig, *, log_path: str, progress: bool = True) -> dict[s
     if fleet is not None:
         result["fleet"] = fleet
     return result
-
-
-def _fleet_figures(restarts: RollingRestarts) -> dict[str, Any]:
-    from eloquent_plugins.cli.bench.load_fleet import figures
-
-    return figures(restarts)
 
 
 # -- the command line ----------------------------------------------------------------------------------------------

@@ -82,7 +82,8 @@ def summarize(cfg: LoadConfig, samples: list[Sample], finals: dict[str, dict[str
             out[kind]["migration"] = migration_cost(final, gaps)
         out[kind].update({"gap_p50_ms": nan_percentile(gaps, 50) * 1000, "gap_p99_ms": nan_percentile(gaps, 99) * 1000,
                           "gap_max_ms": max(gaps, default=float("nan")) * 1000,
-                          "ttft_p50_ms": nan_percentile(ttfts, 50) * 1000, "ttft_p99_ms": nan_percentile(ttfts, 99) * 1000,
+                          "ttft_p50_ms": nan_percentile(ttfts, 50) * 1000,
+                          "ttft_p99_ms": nan_percentile(ttfts, 99) * 1000,
                           "held_ttft_p99_ms": nan_percentile(held, 99) * 1000,
                           "gaps": len(gaps)})
     out["errors"] = sum(sum(f["errors"].values()) for f in finals.values())
