@@ -125,7 +125,7 @@ def print_fleet(result: dict[str, Any]) -> None:
               f"{m['extra_p50_ms']:>8.0f}ms {m['extra_p99_ms']:>8.0f}ms "
               f"{m['stream_s_migrated_p50']:>9.1f}/{m['stream_s_unmigrated_p50']:<10.1f}")
     for r in fleet["restarts"]:
-        print(f"  t={r['signalled_at']:5.0f} s  {r['replica']}: {r['in_flight']} streams in flight, "
+        print(f"  restart at t={r['signalled_at']:.0f} s, {r['replica']}: {r['in_flight']} streams in flight, "
               f"{r['finished']} finished in the drain, {r['handed_over']} handed over, {r['refused']} new requests "
               f"refused (nginx sent them on); exited after {r['exit_s']:.1f} s, ready after {r['ready_s']:.1f} s")
     print(f"  streams the replicas continued for a gone producer (their metric): {fleet['server_migrated']:.0f}; "
