@@ -168,23 +168,15 @@ class Request:
                 self.hooks.error(exc)
             self.app_failed(exc)
         else:
-            if self.state is RequestState.STARTED:
-                self.cut_unfinished()
+            if self.state is RequestState.STARTED and not (self.conn.terminated or self.gone and self.eloquent is None):
+                # Started, unfinished (a drain's hand-over ends its streams so): a cut, as uvicorn closes TCP
+                # mid-body, not an in-band error: the client resumes it elsewhere.
+                self.conn.reset(self.stream_id, H3_REQUEST_CANCELLED)
+                self._finish()
             elif self.state is RequestState.PENDING:
                 self.reject(Rejection(500, "the app returned no response", "internal_error"))
         finally:
             self.conn.request_done(self)
-
-    def cut_unfinished(self) -> None:
-        """The app returned with its response started and unfinished: a cut, as over TCP (uvicorn closes the
-        connection mid-body), not an error event, so that a resumable stream is resumed. A drain's hand-over ends
-        its streams this way: their client resumes on another replica, which continues the generation."""
-        conn = self.conn
-        if conn.terminated or self.gone and self.eloquent is None:
-            return
-        log.info("stream %d: the app returned before its response ended: reset", self.stream_id)
-        conn.reset(self.stream_id, H3_REQUEST_CANCELLED)
-        self._finish()
 
     def next_index(self) -> int:
         index = self._next_index
