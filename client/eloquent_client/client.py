@@ -316,7 +316,7 @@ class EloquentClient:
                 # Closed cleanly by the server before the head came (it drained, then exited): nothing was
                 # started for this request there. Try again on a new connection.
                 ours = [c for c in (self._h3, *self._draining) if c is not None and c.closed]
-                clean = any(c.close_event is not None and c.close_event.error_code in (0, H3_NO_ERROR) for c in ours)
+                clean = any(_closed_on_purpose(c.close_event) for c in ours)
                 if tcp_only or not clean or time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.05)
@@ -529,6 +529,21 @@ class EloquentClient:
         if self._http is not None and self._own_http:
             await self._http.aclose()
             self._http = None
+
+
+_APPLICATION_ERROR, _PADDING = 0x0C, 0x00
+"""RFC 9000 10.2.3: a close an application sends before the handshake is confirmed goes out as a transport close,
+APPLICATION_ERROR with frame type PADDING, its own code hidden."""
+
+
+def _closed_on_purpose(event: Any) -> bool:
+    """The server closed the connection itself (no transport error): a drained replica's ``H3_NO_ERROR``, or its
+    exit closing a connection still young enough that QUIC hid the code."""
+    if event is None:
+        return False
+    if event.error_code in (0, H3_NO_ERROR):
+        return True
+    return bool(event.error_code == _APPLICATION_ERROR and event.frame_type == _PADDING)
 
 
 def _draining(exc: HTTPStatusError) -> bool:
