@@ -42,7 +42,6 @@ from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.protocol import (
     DATAGRAM,
-    H3_NO_ERROR,
     SCHEME_HEADER,
     STREAM_HEADER,
     TRANSPORT_HEADER,
@@ -61,7 +60,7 @@ from eloquent_client.errors import (
 from eloquent_client.http3 import Http3ClientConnection
 from eloquent_client.pacing import Pacing
 from eloquent_client.paths import DEFAULT_UDP_RETRY_AFTER, SHARED, PathMemory
-from eloquent_client.race import H3Paths
+from eloquent_client.race import H3Paths, closed_on_purpose
 from eloquent_client.response import Response, ResponseStream, StreamState
 
 Transport = Literal["auto", "eloquent", "h3-stream", "sse"]
@@ -192,17 +191,17 @@ class EloquentClient:
                 # Closed cleanly by the server before the head came (it drained, then exited): nothing was
                 # started for this request there. Try again on a new connection.
                 ours = [c for c in self._paths.connections() if c.closed]
-                clean = any(c.close_event is not None and c.close_event.error_code in (0, H3_NO_ERROR) for c in ours)
+                clean = any(closed_on_purpose(c.close_event) for c in ours)
                 if tcp_only or not clean or time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.05)
                 continue
             except HTTPStatusError as exc:
                 conn = self._paths.conn
-                if (not exc.draining or tcp_only or conn is None or conn.closed
-                        or time.monotonic() > deadline):
+                if not exc.draining or tcp_only or time.monotonic() > deadline:
                     raise
-                await self._paths.retire(conn)
+                if conn is not None:  # it may be closed already (the drain ended): a new one either way
+                    await self._paths.retire(conn)
                 if self.transport == "auto":
                     tcp_only = True
                 else:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from eloquent_plugins.core.limits import Limits
-from eloquent_plugins.core.protocol import ALT_SVC_HEADER
+from eloquent_plugins.core.protocol import ALT_SVC_HEADER, H3_NO_ERROR
 
 from eloquent_client.bounds import alt_svc_port
 from eloquent_client.errors import ConnectError, TLSVerificationError
@@ -206,7 +206,8 @@ class H3Paths:
         async with self.lock:
             if self.conn is conn:
                 self.conn = None
-                self.draining.add(conn)
+                if not conn.closed:
+                    self.draining.add(conn)
 
     async def aclose(self) -> None:
         task, self.task = self.task, None
@@ -220,6 +221,21 @@ class H3Paths:
         draining, self.draining = self.draining, set()
         for conn in draining:
             await conn.close()
+
+
+_APPLICATION_ERROR, _PADDING = 0x0C, 0x00
+"""RFC 9000 10.2.3: a close an application sends before the handshake is confirmed goes out as a transport close,
+APPLICATION_ERROR with frame type PADDING, its own code hidden."""
+
+
+def closed_on_purpose(event: Any) -> bool:
+    """The server closed the connection itself (no transport error): a drained replica's ``H3_NO_ERROR``, or its
+    exit closing a connection still young enough that QUIC hid the code."""
+    if event is None:
+        return False
+    if event.error_code in (0, H3_NO_ERROR):
+        return True
+    return bool(event.error_code == _APPLICATION_ERROR and event.frame_type == _PADDING)
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Awaitable, Callable
 from types import FrameType
 
 import uvicorn
@@ -19,13 +20,21 @@ class DrainingServer(uvicorn.Server):
     when the drain is done (``transports.drain``; also after ``POST /eloquent/drain``). A second Ctrl+C quits at
     once."""
 
-    def watch(self, drain: Drain) -> None:
+    def watch(self, drain: Drain, before_exit: Callable[[], Awaitable[None]] | None = None) -> None:
+        """``before_exit``: what must stop while the app still runs (the HTTP/3 front end: a request it took
+        after the drain would otherwise meet an app its lifespan shutdown already took apart)."""
         self.drain = drain
+        self._before_exit = before_exit
         self._loop = asyncio.get_running_loop()
         self._exit_task = self._loop.create_task(self._exit_when_drained())
 
     async def _exit_when_drained(self) -> None:
         await self.drain.wait()
+        if self._before_exit is not None:
+            try:
+                await self._before_exit()
+            except Exception:  # noqa: BLE001 - the exit goes on; the caller closes it again after serve()
+                log.exception("closing before the exit failed")
         self.should_exit = True
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eloquent_plugins.cli.bench import load, load_hostile
+from eloquent_plugins.cli.bench import load, load_clients, load_config, load_hostile, load_servers
 from eloquent_plugins.cli.bench.lighthttp import ResponseError, Result, _Exchange
 
 
@@ -80,8 +80,8 @@ def test_load_run_reports_every_stream_and_no_errors(tmp_path) -> None:
 
 def test_load_client_counts_a_wrong_text_as_an_error(tmp_path) -> None:
     """The check can fail: a stream whose text is not the expected one is an error, not a completed stream."""
-    cfg = load.LoadConfig(sse_streams=1, h3_streams=0, tpot=0.0, ttft=0.0, max_tokens=5)
-    proc, port, _ = load.start_server(cfg, str(tmp_path / "server.log"))
+    cfg = load_config.LoadConfig(sse_streams=1, h3_streams=0, tpot=0.0, ttft=0.0, max_tokens=5)
+    proc, port, _ = load_servers.start_server(cfg, str(tmp_path / "server.log"))
     try:
         # Measured server in the benchmark's session (one scheduler autogroup), in a process group of its own.
         assert (os.getsid(proc.pid), os.getpgid(proc.pid)) == (os.getsid(0), proc.pid)
@@ -89,10 +89,10 @@ def test_load_client_counts_a_wrong_text_as_an_error(tmp_path) -> None:
         prompt = next(iter(expected))
         wrong = {prompt: expected[prompt] + " (one more token)"}
 
-        async def once(texts: dict[str, str]) -> load.Tally:
-            tally = load.Tally()
+        async def once(texts: dict[str, str]) -> load_clients.Tally:
+            tally = load_clients.Tally()
             stop = asyncio.Event()
-            task = asyncio.create_task(load._sse_slot(0, cfg, port, texts, tally, stop, [0]))
+            task = asyncio.create_task(load_clients._sse_slot(0, cfg, port, texts, tally, stop, [0]))
             while tally.completed + sum(tally.errors.values()) < 3:
                 await asyncio.sleep(0.01)
             stop.set()
@@ -118,7 +118,7 @@ def test_load_client_counts_a_wrong_text_as_an_error(tmp_path) -> None:
         # 5 tokens cut after 1 event each at most (max_tokens // 4 -> 1): the stream was resumed several times.
         assert good_storm.storm_resumes[0] >= 5 and not good_storm.storm_errors
     finally:
-        load.stop_server(proc)
+        load_servers.stop_server(proc)
 
 
 def test_fake_initial_is_a_quic_v1_initial_a_server_must_consider() -> None:
@@ -148,7 +148,7 @@ def test_hostile_options_preset_and_knobs() -> None:
     one = load.config_from_args(parser.parse_args(["--resume-storm", "3"]))
     assert (one.never_readers, one.fake_initials_per_s, one.resume_storm) == (0, 0.0, 3) and one.hostile
     with pytest.raises(SystemExit):
-        parser.parse_args(["--never-readers", str(load.MAX_NEVER_READERS + 1)])
+        parser.parse_args(["--never-readers", str(load_config.MAX_NEVER_READERS + 1)])
 
 
 def test_hostile_mix_leaves_the_normal_streams_without_errors(tmp_path, capsys) -> None:

@@ -22,6 +22,7 @@ import pytest
 
 from eloquent_plugins.cli.bench import cpu, lighthttp
 from eloquent_plugins.cli.bench import overhead_live as live
+from eloquent_plugins.cli.bench import overhead_request as req
 from eloquent_plugins.cli.bench import overhead_vllm as ov
 from eloquent_plugins.cli.bench.overhead import main
 from eloquent_plugins.transports.config import StreamConfig
@@ -88,7 +89,7 @@ async def test_chunked_body_split_anywhere_with_extensions_and_trailers() -> Non
 
     async with _raw_server(handler) as port:
         conn = lighthttp.Connection("127.0.0.1", port, timeout=10)
-        first = await conn.request("POST", CHAT, b'{"a":1}', JSON, tail=4096, first=live.CONTENT_RE)
+        first = await conn.request("POST", CHAT, b'{"a":1}', JSON, tail=4096, first=req.CONTENT_RE)
         protocol = conn._protocol
         whole = await conn.request("POST", CHAT, b'{"b":2}', JSON)
         assert conn._protocol is protocol and conn.is_open  # the same keep-alive connection
@@ -99,7 +100,7 @@ async def test_chunked_body_split_anywhere_with_extensions_and_trailers() -> Non
     assert first.first_s is not None and first.first_s >= 0
     assert b'"content":"Hi"' in first.prefix  # the body up to the first non-empty content...
     assert b"usage" not in first.prefix  # ...and not beyond the piece where it matched
-    assert live.completion_tokens_from_tail(first.body) == 7
+    assert req.completion_tokens_from_tail(first.body) == 7
     assert requests_seen[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
     assert requests_seen[0].endswith(b'content-type: application/json\r\n\r\n{"a":1}')
     assert b"content-length: 7\r\n" in requests_seen[1]
@@ -178,12 +179,12 @@ async def test_stream_and_whole_answer_from_the_engine(servers: tuple[UvicornThr
     is timed, and the streamed text's token count is what the non-streamed answer reports."""
     _mw, bare = servers
     conn = lighthttp.Connection("127.0.0.1", bare.port, timeout=30)
-    streamed = await conn.request("POST", CHAT, live.request_body(MODEL, 40, True, 1), JSON, tail=live.TAIL_BYTES,
-                                  first=live.CONTENT_RE)
-    whole = await conn.request("POST", CHAT, live.request_body(MODEL, 40, False, 1), JSON)
+    streamed = await conn.request("POST", CHAT, req.request_body(MODEL, 40, True, 1), JSON, tail=req.TAIL_BYTES,
+                                  first=req.CONTENT_RE)
+    whole = await conn.request("POST", CHAT, req.request_body(MODEL, 40, False, 1), JSON)
     conn.close()
     assert streamed.status == 200 and streamed.headers["transfer-encoding"] == "chunked"
-    assert live.DONE_RE.search(streamed.body) and live.completion_tokens_from_tail(streamed.body) == 40
+    assert req.DONE_RE.search(streamed.body) and req.completion_tokens_from_tail(streamed.body) == 40
     assert streamed.first_s is not None and b'"role":"assistant"' in streamed.prefix
     assert whole.status == 200 and int(whole.headers["content-length"]) == len(whole.body)
     assert json.loads(whole.body)["usage"]["completion_tokens"] == 40
@@ -193,13 +194,13 @@ async def test_one_request_checks_status_done_and_token_count(servers: tuple[Uvi
                                                               ) -> None:
     mw, _bare = servers
     conn = lighthttp.Connection("127.0.0.1", mw.port, timeout=30)
-    good = await live.one_request(conn, CHAT, live.request_body(MODEL, 12, True, 0), JSON, stream=True,
+    good = await req.one_request(conn, CHAT, req.request_body(MODEL, 12, True, 0), JSON, stream=True,
                                   max_tokens=12)
-    bypass = await live.one_request(conn, CHAT, live.request_body(MODEL, 12, True, 0),
-                                    {**JSON, **live.BYPASS_HEADER}, stream=True, max_tokens=12)
-    short = await live.one_request(conn, CHAT, live.request_body(MODEL, 12, False, 0), JSON, stream=False,
+    bypass = await req.one_request(conn, CHAT, req.request_body(MODEL, 12, True, 0),
+                                    {**JSON, **req.BYPASS_HEADER}, stream=True, max_tokens=12)
+    short = await req.one_request(conn, CHAT, req.request_body(MODEL, 12, False, 0), JSON, stream=False,
                                    max_tokens=13)
-    missing = await live.one_request(conn, CHAT, live.request_body("no-such-model", 12, True, 0), JSON, stream=True,
+    missing = await req.one_request(conn, CHAT, req.request_body("no-such-model", 12, True, 0), JSON, stream=True,
                                      max_tokens=12)
     conn.close()
     assert good.error is None and good.tokens == 12 and good.ttft is not None
@@ -245,16 +246,16 @@ def test_measure_target_interleaves_three_modes_through_and_around_the_middlewar
 
 def test_expecting_the_middleware_on_a_bare_server_fails(servers: tuple[UvicornThread, UvicornThread]) -> None:
     _mw, bare = servers
-    with pytest.raises(live.PathError, match="do not carry"):
+    with pytest.raises(req.PathError, match="do not carry"):
         live.measure_target("bare", bare.url, MODEL, 10, [1], 1, 1, expect_middleware=True)
 
 
 def test_check_path_rejects_a_bypass_that_went_through() -> None:
     run = {"mode": "bypass", "requests": 4, "errors": 0, "via_middleware": 4, "id_lines": 4}
-    with pytest.raises(live.PathError, match="expected none"):
-        live.check_path(run, through_middleware=False)
-    with pytest.raises(live.PathError, match="lacked"):
-        live.check_path({**run, "mode": "streamed", "via_middleware": 3}, through_middleware=True)
+    with pytest.raises(req.PathError, match="expected none"):
+        req.check_path(run, through_middleware=False)
+    with pytest.raises(req.PathError, match="lacked"):
+        req.check_path({**run, "mode": "streamed", "via_middleware": 3}, through_middleware=True)
 
 
 def test_target_command_prints_the_side_by_side_table_and_writes_json(

@@ -8,10 +8,11 @@ that leaves once mid-stream and comes back with ``Last-Event-ID``); once each ha
 while new streams keep arriving over TCP, A drains, exits, is started again and turns ready; then the same for B. Every
 stream completes with exactly the uncut answer, and no new stream is refused by the fleet.
 
-New streams during a drain go over TCP, where nginx retries a refusal on the other replica. Over UDP nginx cannot;
-a new HTTP/3 stream that reaches the draining replica gets GOAWAY and a 503 ``draining``, which the client takes to
-a new QUIC connection (``tests/transports/test_drain.py``); through nginx that is a new session hashed on the client's port,
-so it reaches the other replica only with some probability per try, which this test does not rely on.
+New streams during a drain go over TCP and over Eloquent datagrams. On TCP nginx retries a refusal on the other
+replica. Over UDP nginx cannot: a new HTTP/3 stream that reaches the draining replica gets GOAWAY and a 503
+``draining``, which the client takes to a new QUIC connection after ``Retry-After`` (``tests/transports/test_drain.py``);
+through nginx that is a new session hashed on the client's new port, so each try reaches the other replica with
+even odds, and the client keeps trying within its timeout: no new stream is refused by the fleet as a whole.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ import openai
 import pytest
 from eloquent_client import AsyncEloquentTransport, PathMemory
 
+from eloquent_plugins.cli.bench.replica import Replica
 from eloquent_plugins.core.protocol import DELIVERY_HEADER
 from eloquent_plugins.core.sse_reader import SSEParser
 from eloquent_plugins.transports.http3.certs import CertificatePair, generate_dev_certificate
 from tests.support.client_servers import CHAT, MODEL, chat_body
-from tests.support.fleet import Replica
 from tests.support.servers import nginx_balancer, nginx_upstream, redis_server
 from tests.support.streams import text_of, wait_until
 
@@ -165,13 +166,14 @@ async def expected(f: Fleet) -> dict[str, str]:
 
 async def restart(f: Fleet, replica: Replica, launch: list[asyncio.Task[None]], outcomes: list[Outcome],
                   new_streams: int, h3_port: int) -> tuple[int, int]:
-    """SIGTERM ``replica`` with streams in flight, start ``new_streams`` TCP streams while it drains (none may
-    be refused), wait for its exit, start it again, wait until it is ready. Returns how many streams were in
-    flight on it when its drain began, and how many it handed over."""
+    """SIGTERM ``replica`` with streams in flight, start ``new_streams`` streams (the openai SDK and plain SSE on
+    TCP, Eloquent datagrams on UDP) while it drains (none may be refused), wait for its exit, start it again, wait
+    until it is ready. Returns how many streams were in flight on it when its drain began, and how many it handed
+    over."""
     replica.signal()
     await wait_until(lambda: not replica.ready() or not replica.running, f"{replica.name} unready", timeout=30)
     for i in range(new_streams):
-        kind = ("sdk-new", "plain-new")[i % 2]  # TCP: see the module's docstring for HTTP/3
+        kind = ("sdk-new", "plain-new", "datagram-new")[i % 3]
         out = Outcome(kind, PROMPTS[i % len(PROMPTS)])
         outcomes.append(out)
         coro = (sdk_stream(f, out.prompt, out) if kind == "sdk-new" else
@@ -242,6 +244,7 @@ async def rolling_restart(f: Fleet) -> None:
         assert out.text == answers[out.prompt], f"{out.kind}: text differs from the uncut answer"
     assert {o.delivery for o in outcomes if o.kind.startswith("datagram")} == {"datagram"}
     assert all(o.resumed for o in outcomes if o.kind == "plain")
+    assert kinds.get("datagram-new", 0) >= 12, "new streams during each drain went over datagrams too"
     print(f"rolling restart: {len(outcomes)} streams {kinds}, all complete and identical; streams in flight when "
           f"the drain began: A {drained_a}, B {drained_b}; handed over at a deadline: A {handed_a}, B {handed_b}; "
           f"refused by the fleet: none (each stream's status is 200)")

@@ -63,7 +63,13 @@ def _gateway(fleet: Fleet, vllm: VllmServer) -> contextlib.AbstractContextManage
                                   "--resume-store", fleet.store, "--keepalive", "1")
 
 
-def _check(answer, uncut, cut_at: int) -> None:
+def _check(answer, uncut, cut_at: int, what: str) -> None:
+    gap = uncut.seconds / max(1, len(uncut.events) - 1)
+    print(f"{what}: killed after event {cut_at} of {len(uncut.events)}; resume to first continued event "
+          f"{answer.resume_first_s * 1000:.0f} ms (the uncut stream's mean gap {gap * 1000:.1f} ms); whole answer "
+          f"{answer.seconds:.1f} s (kill and resume included) vs uncut {uncut.seconds:.1f} s; text identical: "
+          f"{answer.text == uncut.text}; completion_tokens {answer.usage and answer.usage['completion_tokens']} vs "
+          f"{uncut.usage and uncut.usage['completion_tokens']}")
     assert 0 < cut_at < len(uncut.events) - 10, "the kill landed mid-stream"
     assert answer.complete and uncut.complete
     assert answer.text == uncut.text
@@ -79,7 +85,7 @@ def test_gateway_replica_killed_mid_stream(fleet):
         with _gateway(fleet, fleet.a) as victim:
             answer, cut_at = killed_and_resumed(client, f"http://127.0.0.1:{victim.port}{CHAT}", then, fleet.body(),
                                                 redis_url=fleet.redis, kill=victim.kill)
-    _check(answer, uncut, cut_at)
+    _check(answer, uncut, cut_at, "gateway replica (--upstream openai=) SIGKILLed")
 
 
 def test_vllm_with_the_plugin_killed_mid_stream(fleet):
@@ -91,4 +97,4 @@ def test_vllm_with_the_plugin_killed_mid_stream(fleet):
         uncut = read_all(client, fleet.b.base_url + CHAT, fleet.body())
         answer, cut_at = killed_and_resumed(client, fleet.a.base_url + CHAT, fleet.b.base_url + CHAT, fleet.body(),
                                             redis_url=fleet.redis, kill=kill)
-    _check(answer, uncut, cut_at)
+    _check(answer, uncut, cut_at, "vLLM with the plugin SIGKILLed")

@@ -21,6 +21,10 @@ class Answer:
     events: list[tuple[int, str]] = field(default_factory=list)
     cut: bool = False
     """The body ended without completing (the server closed it unfinished)."""
+    seconds: float = 0.0
+    """First request to last event (a figure to print, never asserted)."""
+    resume_first_s: float = 0.0
+    """The resume request to its first event: what the migration costs the client beside the engine's pace."""
 
     @property
     def datas(self) -> list[str]:
@@ -78,10 +82,12 @@ def sse_events(response: httpx.Response) -> Iterator[tuple[str | None, str]]:
 def read_all(client: httpx.Client, url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Answer:
     """One whole stream."""
     answer = Answer()
+    start = time.monotonic()
     with client.stream("POST", url, json=body, headers=headers or {}) as response:
         assert response.status_code == 200, response.read()
         for index, (event_id, data) in enumerate(sse_events(response)):
             answer.events.append((parse_event_id(event_id).after if event_id else index, data))
+    answer.seconds = time.monotonic() - start
     return answer
 
 
@@ -107,6 +113,7 @@ def killed_and_resumed(client: httpx.Client, first: str, then: str, body: dict[s
     got: list[tuple[int, str]] = []
     token = ""
     killed = False
+    start = time.monotonic()
     try:
         with client.stream("POST", first, json=body, headers=headers or {}) as response:
             assert response.status_code == 200, response.read()
@@ -126,15 +133,19 @@ def killed_and_resumed(client: httpx.Client, first: str, then: str, body: dict[s
     held = store.xlen(f"eloquent:s:{token}")
     resume_at = min(got[-1][0], held - 1)
     answer = Answer([event for event in got if event[0] <= resume_at])
+    resumed = time.monotonic()
     try:
         with client.stream("POST", then, json=body, headers={**(headers or {}),
                                                               "last-event-id": f"{token}:{resume_at}"}) as response:
             assert response.status_code == 200, response.read()
             for event_id, data in sse_events(response):
                 assert event_id is not None
+                if not answer.resume_first_s:
+                    answer.resume_first_s = time.monotonic() - resumed
                 answer.events.append((parse_event_id(event_id).after, data))
     except httpx.RemoteProtocolError:
         answer.cut = True  # the body ended uncompleted: the server says the stream could not be completed
+    answer.seconds = time.monotonic() - start
     indices = [index for index, _ in answer.events]
     assert indices == list(range(len(indices))), f"event ids skip or repeat: {indices}"
     return answer, resume_at

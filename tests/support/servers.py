@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,18 +19,13 @@ from typing import Any
 
 import uvicorn
 
-from eloquent_plugins.cli.bench.procs import free_port as free_port  # one free_port for the package and the tests
-
-
-def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen[Any] | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with status {proc.returncode} before listening on {port}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
+# One of each for the package and the tests: the fleet benchmark starts the same redis-server and nginx.
+from eloquent_plugins.cli.bench.balancer import NGINX_LOCATION, run_nginx
+from eloquent_plugins.cli.bench.balancer import nginx_balancer as nginx_balancer
+from eloquent_plugins.cli.bench.balancer import nginx_upstream as nginx_upstream
+from eloquent_plugins.cli.bench.procs import free_port as free_port
+from eloquent_plugins.cli.bench.procs import wait_for_port as wait_for_port
+from eloquent_plugins.cli.bench.redis_server import redis_server as redis_server
 
 
 @contextlib.contextmanager
@@ -105,123 +98,10 @@ class UvicornThread:
             self._thread.join(5)
 
 
-@contextlib.contextmanager
-def redis_server() -> Iterator[str]:
-    """A throwaway redis-server (Debian package ``redis-server``); yields its ``redis://`` URL."""
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise RuntimeError("redis-server is not installed (apt-get install -y redis-server)")
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="eloquent-redis-") as tmp:
-        proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                                 "--dir", tmp, "--protected-mode", "no"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        try:
-            wait_for_port(port, proc=proc)
-            yield f"redis://127.0.0.1:{port}/0"
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
-NGINX_CONF = """{modules}
-worker_processes 1;
-daemon off;
-{user}
-error_log {tmp}/error.log warn;
-pid {tmp}/nginx.pid;
-events {{ worker_connections 1024; }}
-http {{
-    access_log off;
-    client_body_temp_path {tmp}/client_body;
-    proxy_temp_path {tmp}/proxy;
-    fastcgi_temp_path {tmp}/fastcgi;
-    uwsgi_temp_path {tmp}/uwsgi;
-    scgi_temp_path {tmp}/scgi;
-{upstreams}
-    server {{
-        listen 127.0.0.1:{port};
-{locations}
-    }}
-}}
-{stream}"""
-NGINX_LOCATION = """
-        location {path} {{
-            proxy_pass {target};
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            {extra}
-        }}"""
-
-
 @dataclass(frozen=True)
 class Nginx:
     url: str
     error_log: Path
-
-
-STREAM_MODULE = Path("/usr/lib/nginx/modules/ngx_stream_module.so")
-"""Debian's ``libnginx-mod-stream`` installs the ``stream {}`` module as a dynamic module (loaded by path)."""
-NGINX_UPSTREAM = """
-    upstream {name} {{
-        {balance}
-{servers}
-    }}"""
-NGINX_STREAM = """
-stream {{
-{upstreams}
-    server {{
-        listen 127.0.0.1:{udp_port} udp;
-        proxy_pass {name};
-        {extra}
-    }}
-}}
-"""
-
-
-def nginx_upstream(name: str, ports: list[int], balance: str = "", server_options: str = "") -> str:
-    """An ``upstream`` block (``http`` or ``stream``) over 127.0.0.1 ``ports``."""
-    servers = "\n".join(f"        server 127.0.0.1:{p} {server_options};" for p in ports)
-    return NGINX_UPSTREAM.format(name=name, balance=balance, servers=servers)
-
-
-@dataclass(frozen=True)
-class Balancer:
-    url: str
-    udp_port: int
-    error_log: Path
-
-
-@contextlib.contextmanager
-def _run_nginx(port: int, **conf: str) -> Iterator[Path]:
-    """Start nginx with ``NGINX_CONF`` filled from ``conf``, wait for ``port``; yields its temp dir."""
-    exe = shutil.which("nginx") or "/usr/sbin/nginx"
-    if not os.path.exists(exe):
-        raise RuntimeError("nginx is not installed (apt-get install -y nginx)")
-    with tempfile.TemporaryDirectory(prefix="eloquent-nginx-") as tmp:
-        user = "user root;" if os.geteuid() == 0 else ""  # the directive only means something to root
-        path = Path(tmp, "nginx.conf")
-        path.write_text(NGINX_CONF.format(user=user, tmp=tmp, port=port, **{
-            "modules": "", "upstreams": "", "stream": "", **conf}))
-        output = Path(tmp, "nginx.out")
-        with output.open("wb") as out:
-            proc = subprocess.Popen([exe, "-c", str(path), "-p", tmp, "-e", f"{tmp}/error.log"],
-                                    stdout=out, stderr=subprocess.STDOUT)
-        try:
-            try:
-                wait_for_port(port, proc=proc)
-            except RuntimeError as exc:
-                raise RuntimeError(f"{exc}\nnginx said:\n{output.read_text(errors='replace')}") from None
-            yield Path(tmp)
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 @contextlib.contextmanager
@@ -234,25 +114,8 @@ def nginx_routes(routes: dict[str, int], extra: str = "") -> Iterator[Nginx]:
                               target=f"http://127.0.0.1:{upstream}" + ("/" if prefix else ""))
         for prefix, upstream in routes.items()
     )
-    with _run_nginx(port, locations=locations) as tmp:
+    with run_nginx(port, locations=locations) as tmp:
         yield Nginx(f"http://127.0.0.1:{port}", tmp / "error.log")
-
-
-@contextlib.contextmanager
-def nginx_balancer(http: str, udp: str, *, target: str = "http://eloquent_http", location: str = "",
-                   udp_extra: str = "", alt_svc: bool = False) -> Iterator[Balancer]:
-    """nginx in front of replicas: TCP port -> ``target`` (``upstream eloquent_http``, given in ``http``: see
-    ``nginx_upstream``) with ``location`` directives; UDP port -> the ``stream {}`` module's ``upstream
-    eloquent_quic`` (``udp``), with ``udp_extra`` in its ``server``; ``alt_svc``: TCP responses advertise the UDP
-    port (``Alt-Svc``) instead of the replicas'. Needs ``libnginx-mod-stream`` on Debian."""
-    port, udp_port = free_port(), free_port()
-    modules = f"load_module {STREAM_MODULE};" if STREAM_MODULE.exists() else ""  # else built in (or absent)
-    if alt_svc:  # advertise nginx's UDP port instead of the replicas' (docs/DEPLOY.md)
-        location += f" proxy_hide_header Alt-Svc; add_header Alt-Svc 'h3=\":{udp_port}\"; ma=86400' always;"
-    locations = NGINX_LOCATION.format(path="/", target=target, extra=location)
-    stream = NGINX_STREAM.format(upstreams=udp, udp_port=udp_port, name="eloquent_quic", extra=udp_extra)
-    with _run_nginx(port, modules=modules, upstreams=http, locations=locations, stream=stream) as tmp:
-        yield Balancer(f"http://127.0.0.1:{port}", udp_port, tmp / "error.log")
 
 
 @contextlib.contextmanager

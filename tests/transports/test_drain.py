@@ -16,6 +16,7 @@ import httpx
 import pytest
 import redis
 
+from eloquent_plugins.cli.bench.replica import Replica
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.core.protocol import STREAM_HEADER
 from eloquent_plugins.core.sse_reader import SSEParser
@@ -23,7 +24,6 @@ from eloquent_plugins.engine import EngineConfig, create_engine_app
 from eloquent_plugins.transports.drain import Drain
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 from tests.support.client_servers import CHAT, chat_body
-from tests.support.fleet import Replica
 from tests.support.servers import redis_server
 from tests.support.streams import wait_until
 

@@ -15,8 +15,9 @@ event throughput, the inter-event gap each client saw (p50/p99/max, against the 
 token, completed streams and every error by kind, and the hostile traffic actually sent. The figures are
 printed; nothing here asserts a target.
 
-Layout: this module holds the configuration, the server, the run and the command line; the clients and load
-processes are in :mod:`.load_clients`, the figures and the printed table in :mod:`.load_report`.
+Layout: this module holds the run and the command line; the configuration is :mod:`.load_config`, the servers
+and their sampling :mod:`.load_servers` (the fleet under ``--restart-every``: :mod:`.load_fleet`), the requests
+:mod:`.load_wire`, the clients and load processes :mod:`.load_clients`, the figures and the table :mod:`.load_report`.
 """
 
 from __future__ import annotations
@@ -25,121 +26,32 @@ import argparse
 import json
 import multiprocessing
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from array import array
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from eloquent_plugins.cli import numbers
-from eloquent_plugins.cli.bench.load_clients import (  # noqa: F401 - re-exported: tests and callers use load.X
-    MODEL,
-    PROMPTS,
-    Tally,
-    _chat_body,
-    _delta,
-    _h3_slot,
-    _prompts,
-    _raise_nofile,
-    _sse_slot,
-    _StreamCheck,
-    _worker,
+from eloquent_plugins.cli.bench.load_clients import load_process, raise_nofile
+from eloquent_plugins.cli.bench.load_config import (
+    HOSTILE_PRESET,
+    MAX_FAKE_INITIALS_PER_S,
+    MAX_NEVER_READERS,
+    MAX_REPLICAS,
+    MAX_RESUME_STORM,
+    LoadConfig,
 )
-from eloquent_plugins.cli.bench.load_report import (  # noqa: F401 - re-exported as above
-    Sample,
-    _percentile,
-    _slope,
-    print_summary,
-    summarize,
+from eloquent_plugins.cli.bench.load_report import Sample, nan_percentile, print_summary, summarize
+from eloquent_plugins.cli.bench.load_servers import (
+    cpu_seconds,
+    engine_stats,
+    fleet_figures,
+    rss_bytes,
+    servers_under_load,
 )
-from eloquent_plugins.cli.bench.procs import free_port, stop_process, wait_healthy
+from eloquent_plugins.cli.bench.load_wire import chat_body, prompts
 from eloquent_plugins.cli.flags import add_plot, add_progress
-
-
-@dataclass(frozen=True, slots=True)
-class LoadConfig:
-    sse_streams: int = 1000
-    h3_streams: int = 200
-    h3_connections: int = 20
-    duration: float = 300.0
-    """Seconds the full load is held, after the ramp."""
-    ramp: float = 20.0
-    """Seconds over which the stream slots open, evenly spread."""
-    tpot: float = 0.5
-    ttft: float = 0.2
-    max_tokens: int = 60
-    resume_ttl: float = 30.0
-    """The server's ``ELOQUENT_RESUME_TTL``: finished streams stay in the replay store this long."""
-    sample_interval: float = 2.0
-    read_timeout: float = 60.0
-    never_readers: int = 0
-    """Hostile: TCP clients that send a streaming request and never read a byte (each one the server closes is
-    replaced)."""
-    fake_initials_per_s: float = 0.0
-    """Hostile: QUIC v1 Initial packets per second with random DCIDs and undecryptable payloads."""
-    resume_storm: int = 0
-    """Hostile: SSE clients that cut every stream after a few events and resume it, over and over."""
-
-    @property
-    def stream_seconds(self) -> float:
-        return self.ttft + self.max_tokens * self.tpot
-
-    @property
-    def steady_after(self) -> float:
-        """Seconds from the start of the ramp after which memory should no longer grow: every slot has run one
-        whole stream and the first finished streams have left the replay store."""
-        return self.ramp + self.stream_seconds + self.resume_ttl
-
-    @property
-    def hostile(self) -> bool:
-        return bool(self.never_readers or self.fake_initials_per_s or self.resume_storm)
-
-
-HOSTILE_PRESET = {"never_readers": 200, "fake_initials_per_s": 300.0, "resume_storm": 50}
-"""What ``--hostile`` alone adds beside the default load (each knob given on the command line wins)."""
-MAX_NEVER_READERS = 5000
-MAX_FAKE_INITIALS_PER_S = 20000.0
-MAX_RESUME_STORM = 2000
-
-
-# -- the server and what the parent samples ------------------------------------------------------------------------
-
-
-def _rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def start_server(cfg: LoadConfig, log_path: str) -> tuple[subprocess.Popen[bytes], int, int]:
-    """``eloquent serve`` with the built-in engine on free TCP/UDP ports; returns once ``/health`` answers."""
-    _raise_nofile()  # inherited by the server: 1000+ connections
-    port, udp = free_port(), free_port(socket.SOCK_DGRAM)
-    cmd = [sys.executable, "-m", "eloquent_plugins.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--eloquent-port", str(udp), "--tpot", str(cfg.tpot), "--ttft", str(cfg.ttft), "--log-level", "warning"]
-    env = {**os.environ, "ELOQUENT_RESUME_TTL": str(cfg.resume_ttl)}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                process_group=0)  # see procs.stop_process
-    wait_healthy(proc, f"http://127.0.0.1:{port}/health", timeout=60, log_path=log_path, what="eloquent serve",
-                 interval=0.2)
-    return proc, port, udp
-
-
-def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    stop_process(proc, signal.SIGINT, grace=15)
-
 
 def _expected_texts(port: int, cfg: LoadConfig) -> dict[str, str]:
     """The non-streamed answer for every prompt the load uses (with ttft/tpot 0: no need to wait for them)."""
@@ -147,8 +59,8 @@ def _expected_texts(port: int, cfg: LoadConfig) -> dict[str, str]:
 
     out = {}
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-        for prompt in _prompts():
-            body = _chat_body(prompt, cfg.max_tokens, False)
+        for prompt in prompts():
+            body = chat_body(prompt, cfg.max_tokens, False)
             body["eloquent_engine"] = {"ttft": 0, "tpot": 0}
             r = client.post("/v1/chat/completions", json=body)
             r.raise_for_status()
@@ -168,90 +80,94 @@ def _final(kind: str, pipe: Any, timeout: float = 60) -> dict[str, Any]:
 
 
 def run_load(cfg: LoadConfig, *, log_path: str, progress: bool = True) -> dict[str, Any]:
-    import httpx
-
-    _raise_nofile()
-    proc, port, udp = start_server(cfg, log_path)
+    raise_nofile()
     ctx = multiprocessing.get_context("spawn")
     workers: list[tuple[str, Any, Any]] = []
-    try:
-        expected = _expected_texts(port, cfg)
-        time.sleep(1.0)
-        idle_rss = _rss_bytes(proc.pid)
-        cpu0, t0 = _cpu_seconds(proc.pid), time.monotonic()
-        for kind, n in (("sse", cfg.sse_streams), ("h3", cfg.h3_streams), ("hostile", int(cfg.hostile))):
-            if n <= 0:
-                continue
-            parent, child = ctx.Pipe()
-            worker = ctx.Process(target=_worker, args=(kind, cfg, port, udp, expected, child), daemon=True)
-            worker.start()
-            child.close()
-            workers.append((kind, worker, parent))
-        last: dict[str, dict[str, Any]] = {}
-        hostile_last: dict[str, Any] = {}
-        samples: list[Sample] = []
-        prev_cpu, prev_t = cpu0, t0
-        prev_load_cpu = 0.0
-        end = t0 + cfg.ramp + cfg.duration
-        while (now := time.monotonic()) < end:
-            time.sleep(min(cfg.sample_interval, max(0.0, end - now)))
-            window: list[float] = []
-            for kind, worker, pipe in workers:
-                while pipe.poll():
-                    msg = pipe.recv()
-                    if kind == "hostile":  # its own figures: never mixed into the normal streams' sums
-                        hostile_last = msg
-                        continue
-                    last[kind] = msg
-                    window.extend(array("d", msg["window_gaps"]))
-                if not worker.is_alive():
-                    raise RuntimeError(f"the {kind} load process died (exit code {worker.exitcode})")
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server died (exit code {proc.returncode}; log {log_path})")
-            t = time.monotonic()
-            cpu = _cpu_seconds(proc.pid)
-            load_cpu = sum(_cpu_seconds(w.pid) for _, w, _ in workers)
-            sample = Sample(t - t0, _rss_bytes(proc.pid), (cpu - prev_cpu) / (t - prev_t),
-                            sum(_rss_bytes(w.pid) for _, w, _ in workers), (load_cpu - prev_load_cpu) / (t - prev_t),
-                            sum(m["active"] for m in last.values()), sum(m["events"] for m in last.values()),
-                            sum(m["errors"] for m in last.values()), _percentile(window, 99))
-            prev_cpu, prev_t, prev_load_cpu = cpu, t, load_cpu
-            samples.append(sample)
-            if progress and (len(samples) % max(1, int(30 / cfg.sample_interval)) == 0 or t >= end):
-                print(f"  t={sample.t:6.0f} s  open streams {sample.active:5d}  events {sample.events:9d}  "
-                      f"server RSS {sample.server_rss / 2**20:7.1f} MiB  CPU {sample.server_cpu * 100:5.1f}%  "
-                      f"load CPU {sample.load_cpu * 100:5.1f}%  window p99 gap {sample.gap_p99 * 1000:6.0f} ms  "
-                      f"errors {sample.errors}", flush=True)
-                if hostile_last:
-                    print(f"           hostile: {hostile_last['line']}", flush=True)
-        cpu_load = _cpu_seconds(proc.pid) - cpu0
-        wall = time.monotonic() - t0
-        for _, _, pipe in workers:
-            pipe.send("stop")
-        finals = {kind: _final(kind, pipe) for kind, _, pipe in workers}
-        for _, worker, _ in workers:
-            worker.join(30)
-        hostile = finals.pop("hostile", None)
-        # Streams cut at the end are abandoned: the engine aborts them after the resume grace period (5 s).
-        stats: dict[str, Any] = {}
-        drain_deadline = time.monotonic() + 30
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
-            while time.monotonic() < drain_deadline:
-                try:
-                    stats = client.get("/v1/engine/stats").json()
-                except (httpx.HTTPError, ValueError):  # a server shedding load may refuse this too: ask again
-                    stats = {}
-                if stats.get("running") == 0:
-                    break
-                time.sleep(1)
-        drained_rss = _rss_bytes(proc.pid)
-    finally:
-        for _, worker, _ in workers:
-            if worker.is_alive():
-                worker.kill()
-        stop_server(proc)
-    return summarize(cfg, samples, finals, idle_rss=idle_rss, drained_rss=drained_rss, cpu_seconds=cpu_load,
-                     wall=wall, engine=stats, t0=t0, hostile=hostile)
+    with servers_under_load(cfg, log_path) as (servers, alive):
+        restarts = servers.restarts
+        try:
+            port, udp = servers.port, servers.udp_port
+            expected = _expected_texts(port, cfg)
+            time.sleep(1.0)
+            idle_rss = servers.rss()
+            cpu0, t0 = servers.cpu(), time.monotonic()
+            for kind, n in (("sse", cfg.sse_streams), ("h3", cfg.h3_streams), ("hostile", int(cfg.hostile))):
+                if n <= 0:
+                    continue
+                parent, child = ctx.Pipe()
+                worker = ctx.Process(target=load_process, args=(kind, cfg, port, udp, expected, child), daemon=True)
+                worker.start()
+                child.close()
+                workers.append((kind, worker, parent))
+            if restarts is not None:
+                restarts.start(t0)
+            last: dict[str, dict[str, Any]] = {}
+            hostile_last: dict[str, Any] = {}
+            samples: list[Sample] = []
+            prev_cpu, prev_t = cpu0, t0
+            prev_load_cpu = 0.0
+            end = t0 + cfg.ramp + cfg.duration
+            # Under restarts the hold lasts until every replica was restarted once (a whole rolling restart).
+            cap = end + (0 if restarts is None else len(restarts.fleet.replicas) * (cfg.restart_every + 120))
+            while (now := time.monotonic()) < end or (restarts is not None and not restarts.went_round()):
+                if now >= cap:
+                    raise RuntimeError(f"the rolling restart did not go round the fleet in {cap - t0:.0f} s")
+                if now >= end:
+                    end = now + cfg.sample_interval  # the samples go on to the last restart's end
+                time.sleep(min(cfg.sample_interval, max(0.0, end - now)))
+                window: list[float] = []
+                for kind, worker, pipe in workers:
+                    while pipe.poll():
+                        msg = pipe.recv()
+                        if kind == "hostile":  # its own figures: never mixed into the normal streams' sums
+                            hostile_last = msg
+                            continue
+                        last[kind] = msg
+                        window.extend(array("d", msg["window_gaps"]))
+                    if not worker.is_alive():
+                        raise RuntimeError(f"the {kind} load process died (exit code {worker.exitcode})")
+                alive()
+                t = time.monotonic()
+                cpu = servers.cpu()
+                load_cpu = sum(cpu_seconds(w.pid) for _, w, _ in workers)
+                sample = Sample(t - t0, servers.rss(), (cpu - prev_cpu) / (t - prev_t),
+                                sum(rss_bytes(w.pid) for _, w, _ in workers), (load_cpu - prev_load_cpu) / (t - prev_t),
+                                sum(m["active"] for m in last.values()), sum(m["events"] for m in last.values()),
+                                sum(m["errors"] for m in last.values()), nan_percentile(window, 99))
+                prev_cpu, prev_t, prev_load_cpu = cpu, t, load_cpu
+                samples.append(sample)
+                if progress and (len(samples) % max(1, int(30 / cfg.sample_interval)) == 0 or t >= end):
+                    print(f"  t={sample.t:6.0f} s  open streams {sample.active:5d}  events {sample.events:9d}  "
+                          f"server RSS {sample.server_rss / 2**20:7.1f} MiB  CPU {sample.server_cpu * 100:5.1f}%  "
+                          f"load CPU {sample.load_cpu * 100:5.1f}%  window p99 gap {sample.gap_p99 * 1000:6.0f} ms  "
+                          f"errors {sample.errors}", flush=True)
+                    if hostile_last:
+                        print(f"           hostile: {hostile_last['line']}", flush=True)
+            if restarts is not None:
+                restarts.stop()  # one under way finishes first: the streams it cut resume before the stop
+                alive()
+            cpu_load = servers.cpu() - cpu0
+            wall = time.monotonic() - t0
+            for _, _, pipe in workers:
+                pipe.send("stop")
+            finals = {kind: _final(kind, pipe) for kind, _, pipe in workers}
+            for _, worker, _ in workers:
+                worker.join(30)
+            hostile = finals.pop("hostile", None)
+            stats = engine_stats(servers.stats_ports)
+            drained_rss = servers.rss()
+            fleet = None if restarts is None else fleet_figures(restarts)
+        finally:
+            if restarts is not None:
+                restarts.stop()
+            for _, worker, _ in workers:
+                if worker.is_alive():
+                    worker.kill()
+    result = summarize(cfg, samples, finals, idle_rss=idle_rss, drained_rss=drained_rss, cpu_seconds=cpu_load,
+                       wall=wall, engine=stats, t0=t0, hostile=hostile)
+    if fleet is not None:
+        result["fleet"] = fleet
+    return result
 
 
 # -- the command line ----------------------------------------------------------------------------------------------
@@ -280,6 +196,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="also write every figure and sample as JSON")
     add_plot(parser, "write a PNG of the samples over time (needs matplotlib)")
     add_progress(parser)
+    fleet = parser.add_argument_group(
+        "rolling restarts", "replicas sharing a redis-server behind nginx (TCP and UDP), restarted one by one")
+    fleet.add_argument("--restart-every", type=numbers.seconds, default=d.restart_every, metavar="S",
+                       help="SIGTERM a replica every S seconds, wait until it is back and ready, then the next; "
+                            "the hold lasts until each was restarted once (0: one server; needs nginx and "
+                            "redis-server)")
+    fleet.add_argument("--replicas", type=numbers.number(int, "a whole number", low=1, high=MAX_REPLICAS,
+                                                         high_open=False),
+                       default=d.replicas, help="replicas under --restart-every (%(default)s)")
+    fleet.add_argument("--drain-timeout", type=numbers.seconds, default=d.drain_timeout, metavar="SECONDS",
+                       help="the replicas' --drain-timeout: streams still running then migrate (%(default)s)")
     hostile = parser.add_argument_group(
         "hostile mix", "traffic beside the normal load; the exit code is still the normal streams' verdict")
     p = HOSTILE_PRESET
@@ -304,15 +231,17 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
     if getattr(args, "hostile", False):
         knobs = {name: HOSTILE_PRESET[name] if value is None else value for name, value in knobs.items()}
     hostile = {name: value for name, value in knobs.items() if value is not None}
+    fleet = {"restart_every": getattr(args, "restart_every", 0.0), "replicas": getattr(args, "replicas", 2),
+             "drain_timeout": getattr(args, "drain_timeout", 2.0)}
     if args.quick:
         return LoadConfig(sse_streams=100, h3_streams=20, h3_connections=4, duration=20, ramp=5, tpot=0.1,
-                          max_tokens=40, resume_ttl=5, sample_interval=1, **hostile)
+                          max_tokens=40, resume_ttl=5, sample_interval=1, **hostile, **fleet)
     cfg = LoadConfig(sse_streams=args.sse, h3_streams=args.h3, h3_connections=args.h3_connections,
                      duration=args.duration, ramp=args.ramp, tpot=args.tpot, ttft=args.ttft,
                      max_tokens=args.max_tokens, resume_ttl=args.resume_ttl, sample_interval=args.sample_interval)
     if cfg.sse_streams + cfg.h3_streams == 0:
         raise ConfigError("nothing to do: --sse and --h3 are both 0")
-    return replace(cfg, **hostile)
+    return replace(cfg, **hostile, **fleet)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -322,7 +251,10 @@ def run(args: argparse.Namespace) -> int:
     log_path = os.path.join(tempfile.gettempdir(), "eloquent-bench-load-server.log")
     mix = (f"; hostile: {cfg.never_readers} never-readers, {cfg.fake_initials_per_s:g} fake Initials/s, "
            f"{cfg.resume_storm} resume-storm clients" if cfg.hostile else "")
-    print(f"starting eloquent serve (log {log_path}); {cfg.sse_streams} SSE + {cfg.h3_streams} HTTP/3 streams, "
+    where = (f"{cfg.replicas} eloquent serve replicas behind nginx with a redis-server, one restarted every "
+             f"{cfg.restart_every:g} s (logs {tempfile.gettempdir()}/eloquent-fleet-*.log)" if cfg.fleet else
+             f"eloquent serve (log {log_path})")
+    print(f"starting {where}; {cfg.sse_streams} SSE + {cfg.h3_streams} HTTP/3 streams, "
           f"ramp {cfg.ramp:.0f} s, hold {cfg.duration:.0f} s{mix}", flush=True)
     result = run_load(cfg, log_path=log_path, progress=args.progress is not False)
     print_summary(result)

@@ -36,11 +36,11 @@ from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from eloquent_plugins.cli.bench.load_clients import _chat_body, _delta
+from eloquent_plugins.cli.bench.load_wire import chat_body, content_delta
 from eloquent_plugins.core.protocol import STREAM_HEADER
 
 if TYPE_CHECKING:
-    from eloquent_plugins.cli.bench.load import LoadConfig
+    from eloquent_plugins.cli.bench.load_config import LoadConfig
 
 INITIAL_SIZE = 1200
 """Bytes of every fake Initial: the minimum a server must accept for a client's first datagram (RFC 9000 14.1)."""
@@ -285,7 +285,7 @@ class _StormStream:
             if message.data == "[DONE]":
                 self.done = True
                 return
-            delta, in_band = _delta(message.data)
+            delta, in_band = content_delta(message.data)
             if in_band:
                 self.in_band_error = message.data
             elif delta:
@@ -300,7 +300,7 @@ async def _storm_stream(client: int, cfg: LoadConfig, port: int, prompt: str, ex
     """One storm stream from start to end; its verdict goes into ``tally``."""
     from eloquent_plugins.cli.bench.lighthttp import Connection, ResponseError
 
-    body = json.dumps(_chat_body(prompt, cfg.max_tokens, True)).encode()
+    body = json.dumps(chat_body(prompt, cfg.max_tokens, True)).encode()
     stream = _StormStream()
     deadline = time.monotonic() + 2 * (cfg.stream_seconds + cfg.read_timeout)
     most = max(1, cfg.max_tokens // 4)
@@ -389,7 +389,7 @@ async def hostile_main(cfg: LoadConfig, port: int, udp_port: int, expected: dict
 
     loop.add_reader(pipe.fileno(), parent_said_stop)
     held: dict[int, socket.socket] = {}
-    request = _request_bytes(port, _chat_body(next(iter(expected)), cfg.max_tokens, True))
+    request = _request_bytes(port, chat_body(next(iter(expected)), cfg.max_tokens, True))
     tasks = [asyncio.create_task(_never_reader(i, cfg, port, request, tally, held, stop))
              for i in range(cfg.never_readers)]
     tasks += [asyncio.create_task(_storm_client(i, cfg, port, expected, tally, stop))

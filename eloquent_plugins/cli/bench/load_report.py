@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 from eloquent_plugins.core.stall import percentile
 
 if TYPE_CHECKING:
-    from eloquent_plugins.cli.bench.load import LoadConfig
+    from eloquent_plugins.cli.bench.load_config import LoadConfig
 
 
-def _percentile(values: list[float], q: float) -> float:
+def nan_percentile(values: list[float], q: float) -> float:
     """``core.stall.percentile`` (interpolated, like every other figure here), NaN rather than 0 for no values."""
     return percentile(values, q) if values else float("nan")
 
@@ -76,16 +76,60 @@ def summarize(cfg: LoadConfig, samples: list[Sample], finals: dict[str, dict[str
         gaps = list(array("d", final["gaps"]))
         ttfts = list(array("d", final["ttfts"]))
         held = [x for x, at in zip(ttfts, array("d", final["ttft_at"])) if at - t0 >= cfg.ramp]
-        out[kind] = {k: final[k] for k in ("started", "completed", "cancelled", "events", "errors", "examples")}
-        out[kind].update({"gap_p50_ms": _percentile(gaps, 50) * 1000, "gap_p99_ms": _percentile(gaps, 99) * 1000,
+        out[kind] = {k: final[k] for k in ("started", "completed", "cancelled", "refused", "lost", "migrated",
+                                           "events", "errors", "examples")}
+        if cfg.fleet:
+            out[kind]["migration"] = migration_cost(final, gaps)
+        out[kind].update({"gap_p50_ms": nan_percentile(gaps, 50) * 1000, "gap_p99_ms": nan_percentile(gaps, 99) * 1000,
                           "gap_max_ms": max(gaps, default=float("nan")) * 1000,
-                          "ttft_p50_ms": _percentile(ttfts, 50) * 1000, "ttft_p99_ms": _percentile(ttfts, 99) * 1000,
-                          "held_ttft_p99_ms": _percentile(held, 99) * 1000,
+                          "ttft_p50_ms": nan_percentile(ttfts, 50) * 1000,
+                          "ttft_p99_ms": nan_percentile(ttfts, 99) * 1000,
+                          "held_ttft_p99_ms": nan_percentile(held, 99) * 1000,
                           "gaps": len(gaps)})
     out["errors"] = sum(sum(f["errors"].values()) for f in finals.values())
     if hostile is not None:
         out["hostile"] = hostile_figures(hostile)
     return out
+
+
+def migration_cost(final: dict[str, Any], gaps: list[float]) -> dict[str, Any]:
+    """What a migration costs the client: the gap at the splice (last event before the cut to the first after
+    the resume) beside the ordinary gap, and whole-stream time of migrated against unmigrated streams."""
+    splices = list(array("d", final["splice_gaps"]))
+    migrated = list(array("d", final["seconds_migrated"]))
+    plain = list(array("d", final["seconds_unmigrated"]))
+    gap = nan_percentile(gaps, 50)
+    return {"splices": len(splices), "splice_p50_ms": nan_percentile(splices, 50) * 1000,
+            "splice_p99_ms": nan_percentile(splices, 99) * 1000, "splice_max_ms": max(splices, default=float("nan"))
+            * 1000, "extra_p50_ms": (nan_percentile(splices, 50) - gap) * 1000,
+            "extra_p99_ms": (nan_percentile(splices, 99) - gap) * 1000,
+            "stream_s_migrated_p50": nan_percentile(migrated, 50), "stream_s_unmigrated_p50": nan_percentile(plain, 50)}
+
+
+def print_fleet(result: dict[str, Any]) -> None:
+    """Rolling restarts: per transport what became of every stream, what a migration cost, and each restart."""
+    cfg, fleet = result["config"], result["fleet"]
+    print(f"rolling restarts: {cfg['replicas']} replicas behind nginx (TCP + UDP), one SIGTERMed every "
+          f"{cfg['restart_every']:g} s with --drain-timeout {cfg['drain_timeout']:g}; {len(fleet['restarts'])} "
+          f"restarts")
+    print(f"{'transport':<10} {'started':>8} {'completed':>10} {'migrated':>9} {'lost':>5} {'refused':>8} "
+          f"{'cut at end':>10} {'splice p50':>11} {'splice p99':>11} {'extra p50':>10} {'extra p99':>10} "
+          f"{'stream s (migr/not)':>20}")
+    for kind, label in (("sse", "SSE"), ("h3", "HTTP/3")):
+        if kind not in result:
+            continue
+        r = result[kind]
+        m = r["migration"]
+        print(f"{label:<10} {r['started']:>8} {r['completed']:>10} {r['migrated']:>9} {r['lost']:>5} "
+              f"{r['refused']:>8} {r['cancelled']:>10} {m['splice_p50_ms']:>9.0f}ms {m['splice_p99_ms']:>9.0f}ms "
+              f"{m['extra_p50_ms']:>8.0f}ms {m['extra_p99_ms']:>8.0f}ms "
+              f"{m['stream_s_migrated_p50']:>9.1f}/{m['stream_s_unmigrated_p50']:<10.1f}")
+    for r in fleet["restarts"]:
+        print(f"  restart at t={r['signalled_at']:.0f} s, {r['replica']}: {r['in_flight']} streams in flight, "
+              f"{r['finished']} finished in the drain, {r['handed_over']} handed over, {r['refused']} new requests "
+              f"refused (nginx sent them on); exited after {r['exit_s']:.1f} s, ready after {r['ready_s']:.1f} s")
+    print(f"  streams the replicas continued for a gone producer (their metric): {fleet['server_migrated']:.0f}; "
+          "(splice: last event before the cut to the first after the resume; extra: splice minus the median gap)")
 
 
 def print_summary(result: dict[str, Any]) -> None:
@@ -123,6 +167,8 @@ def print_summary(result: dict[str, Any]) -> None:
     else:
         print("(run shorter than the steady-state window: no slope; use a longer --duration)")
     print("(TTFT 'held p99': streams that started after the ramp)")
+    if "fleet" in result:
+        print_fleet(result)
     if "hostile" in result:
         print_hostile(result["hostile"])
     e = result["engine_after"]

@@ -294,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
 
         os.sched_setaffinity(0, parse_cpus(args.client_cpus))  # threads started later inherit it
     if args.vllm:
-        from eloquent_plugins.cli.bench.overhead_live import run_vllm
+        from eloquent_plugins.cli.bench.overhead_vllm import run_vllm
 
         result = run_vllm(args)
     elif args.target:

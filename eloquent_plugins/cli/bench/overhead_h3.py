@@ -15,7 +15,7 @@ import statistics
 import time
 from typing import Any
 
-from eloquent_plugins.cli.bench.overhead_live import request_body
+from eloquent_plugins.cli.bench.overhead_request import request_body
 
 
 async def _one(client: Any, body: bytes, max_tokens: int) -> tuple[int, float | None, bool, str | None, int]:

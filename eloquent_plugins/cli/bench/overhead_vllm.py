@@ -41,15 +41,14 @@ from typing import Any
 
 from eloquent_plugins.cli.bench.cpu import CpuMeter, ServerProcesses, cmdline, descendants, vllm_processes
 from eloquent_plugins.cli.bench.overhead_h3 import run_level_h3
-from eloquent_plugins.cli.bench.overhead_live import (
+from eloquent_plugins.cli.bench.overhead_live import parse_cpus, parse_levels
+from eloquent_plugins.cli.bench.overhead_request import (
     BYPASS,
     NON_STREAMED,
     STREAMED,
     Mode,
     PathError,
     check_path,
-    parse_cpus,
-    parse_levels,
     run_level,
 )
 from eloquent_plugins.cli.bench.procs import free_port, stop_process, wait_healthy

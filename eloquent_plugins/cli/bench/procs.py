@@ -1,12 +1,14 @@
-"""Servers the benchmarks start in their own processes: free ports, waiting for health, stopping."""
+"""Servers the benchmarks start in their own processes: free ports, waiting for a port or for health, stopping."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import time
+from typing import Any
 
 
 def free_port(kind: int = socket.SOCK_STREAM) -> int:
@@ -14,6 +16,18 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
     with socket.socket(socket.AF_INET, kind) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen[Any] | None = None) -> None:
+    """Return once 127.0.0.1:``port`` takes a TCP connection; raise if ``proc`` exits first, or after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with status {proc.returncode} before listening on {port}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
 
 
 def wait_healthy(proc: subprocess.Popen[bytes], url: str, *, timeout: float, log_path: str, what: str,

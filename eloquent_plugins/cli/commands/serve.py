@@ -119,7 +119,7 @@ async def serve(args: argparse.Namespace, config) -> int:  # type: ignore[no-unt
     await warn_unreachable(args.upstream)
     gc.collect()
     gc.freeze()
-    server.watch(drain)
+    server.watch(drain, before_exit=h3.close if h3 is not None else None)
     try:
         await server.serve()
     finally:

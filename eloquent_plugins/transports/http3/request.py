@@ -19,14 +19,8 @@ from eloquent_plugins.core.events import StreamEvent
 from eloquent_plugins.core.hooks.manager import StreamHooks
 from eloquent_plugins.core.keepalive import KeepAliveTimer
 from eloquent_plugins.core.limits import Limits
-from eloquent_plugins.core.protocol import (
-    DATAGRAM,
-    H3_INTERNAL_ERROR,
-    H3_NO_ERROR,
-    H3_REQUEST_CANCELLED,
-    REQUEST_ID_HEADER,
-    TRANSPORT_HEADER,
-)
+from eloquent_plugins.core.protocol import (DATAGRAM, H3_INTERNAL_ERROR, H3_NO_ERROR, H3_REQUEST_CANCELLED,
+                                            REQUEST_ID_HEADER, TRANSPORT_HEADER)
 from eloquent_plugins.core.response_stream import EloquentResponseStream
 from eloquent_plugins.core.padding import REQUEST_HEAD_MAX, datagram_policy, declined
 from eloquent_plugins.core.scheme import Scheme, sender_config_for
@@ -176,8 +170,10 @@ class Request:
                 self.hooks.error(exc)
             self.app_failed(exc)
         else:
-            if self.state is RequestState.STARTED:
-                self.app_failed(RuntimeError("the app returned without finishing its response"))
+            if self.state is RequestState.STARTED and not (self.conn.terminated or self.gone and self.eloquent is None):
+                # Started, unfinished (a drain's hand-over): a cut the client resumes, as uvicorn's mid-body close.
+                self.conn.reset(self.stream_id, H3_REQUEST_CANCELLED)
+                self._finish()
             elif self.state is RequestState.PENDING:
                 self.reject(Rejection(500, "the app returned no response", "internal_error"))
         finally:

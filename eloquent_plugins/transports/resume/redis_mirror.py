@@ -152,15 +152,15 @@ class Mirror:
                 self.last_refresh = time.monotonic()
             self.cursor += len(frames)
             return False
+        if self.handing_over:  # before the end: a log closed during the hand-over ended only here
+            await self._execute(store.redis.pipeline(transaction=False).delete(self.hkey))
+            log.info("stream %s handed over at event %d: heartbeat dropped, no end written", self.token[:4],
+                     self.cursor)
+            return True
         if log_.closed:
             pipe = store.redis.pipeline(transaction=False)
             pipe.xadd(self.skey, {b"end": (log_.reason or "complete").encode()}, id=entry_id(self.cursor))
             await self._execute(self._final_ttls(pipe))
-            return True
-        if self.handing_over:
-            await self._execute(store.redis.pipeline(transaction=False).delete(self.hkey))
-            log.info("stream %s handed over at event %d: heartbeat dropped, no end written", self.token[:4],
-                     self.cursor)
             return True
         self.changed.clear()
         with contextlib.suppress(asyncio.TimeoutError):

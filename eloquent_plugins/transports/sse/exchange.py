@@ -84,8 +84,8 @@ class Exchange:
         try:
             await self.mw.app(self.scope, self.relay.receive, self.app_send)
         except Exception as exc:
-            if self.mode is Mode.REFUSED:  # the 429 is out; the app failed on being told its client left
-                log.debug("refused stream: the app ended with %r", exc)
+            if self.mode is Mode.REFUSED or self.mode is Mode.HANDED_OVER:  # the app was told its client left
+                log.debug("%s stream: the app ended with %r", self.mode.value, exc)
                 return
             if self.mode is not Mode.SSE or self.producer is None or self.producer.log.closed:
                 raise
@@ -96,7 +96,7 @@ class Exchange:
         finally:
             self.relay.close()
             try:
-                if self.mode is Mode.SSE:
+                if self.mode is Mode.SSE or self.mode is Mode.HANDED_OVER:
                     await self._finish()
             finally:
                 self._release_slot()
@@ -129,8 +129,8 @@ class Exchange:
                 if not message.get("more_body", False):
                     producer.close("complete")
             return
-        if mode is Mode.REFUSED:
-            return  # the 429 went out; the app is being told the client left
+        if mode is Mode.REFUSED or mode is Mode.HANDED_OVER:
+            return  # the refusal went out, or the stream was handed over; the app is being told the client left
         if (message["type"] == "http.response.start" and message.get("status", 200) == 200
                 and is_event_stream(message.get("headers", ()))):
             self.slot = self.mw.limits.acquire(self.scope)
@@ -255,6 +255,8 @@ class Exchange:
         store, stream_log, token, info = self.mw.store, self.log, self.token, self.info
         if self.conn is not None:
             self.conn.drained()
+        if self.mode is Mode.SSE:
+            self.mode = Mode.HANDED_OVER  # nothing more is logged: a resume here must not get what Redis lacks
         if store is not None and token is not None and stream_log is not None and not stream_log.closed:
             try:
                 await store.hand_over(token)

@@ -123,6 +123,13 @@ class Migration:
         claim = getattr(store, "claim", None)
         if claim is None:
             return None
+        if mw.drain.draining:
+            # This replica is going away: a continuation here would be cut again at its exit. The body ends
+            # here as a cut does, nothing claimed or written, so the client's next resume (another replica, as
+            # the balancer no longer sends new work here) continues it.
+            log.info("stream=%s producer gone at event %d: left to another replica (this one drains)",
+                     meta.stream_id, cursor)
+            return None
         try:
             outcome = await claim(self.token, self.consumer, MAX_MIGRATIONS)
             if outcome == "taken":
@@ -184,6 +191,7 @@ class Migration:
         parser = SSEParser()
         status = 0
         rejected = bytearray()
+        handed = False
 
         async def receive() -> Message:
             nonlocal sent
@@ -195,6 +203,8 @@ class Migration:
 
         async def send(message: Message) -> None:
             nonlocal status
+            if handed:
+                return  # handed over: an event logged now would reach a reader here, never Redis
             if message["type"] == "http.response.start":
                 status = int(message.get("status", 200))
             elif message["type"] == "http.response.body":
@@ -207,10 +217,27 @@ class Migration:
                     for payload in splice.payloads(event.data.encode()):
                         producer.feed(format_event(payload))
 
+        async def hand_over() -> None:
+            """The drain's deadline came with this continuation running: as for a stream produced here
+            (``Exchange.hand_over``), the store lets go first (every event copied, no end written), then the
+            engine request stops; the client resumes on another replica, which continues it again."""
+            nonlocal handed
+            handed = True
+            try:
+                await mw.store.hand_over(self.token)  # type: ignore[union-attr]
+            except Exception as exc:  # noqa: BLE001 - the heartbeat then lapses as after a crash
+                log.warning("stream=%s hand-over to the store failed (%r)", meta.stream_id, exc)
+            log.warning("stream=%s ended by drain: migrated stream handed over at the deadline after %d events",
+                        meta.stream_id, producer.log.next_index)
+            stop.set()
+
+        mw.drain.track(self, hand_over)
         watcher = asyncio.get_running_loop().create_task(self._watch_abandon(producer.log, stop))
         try:
             await mw.app(sub_request(self.scope, cont), receive, send)
-            if status != 200:
+            if handed:
+                pass  # not an end: another replica continues it
+            elif status != 200:
                 producer.fail(RuntimeError(f"the continuation was refused: HTTP {status}: "
                                            f"{bytes(rejected).decode('utf-8', 'replace')[:500]}"))
             elif not splice.finished:
@@ -221,6 +248,7 @@ class Migration:
             log.error("stream=%s continuation failed: %r", meta.stream_id, exc)
             producer.fail(exc)
         finally:
+            mw.drain.untrack(self)
             watcher.cancel()
             if not producer.log.closed:
                 producer.close("disconnected")

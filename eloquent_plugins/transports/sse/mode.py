@@ -16,3 +16,6 @@ class Mode(Enum):
     REFUSED = "refused"
     """Over the per-client stream limit (429) or the memory budget (503): the refusal went out, the app's messages
     are dropped."""
+    HANDED_OVER = "handed_over"
+    """A stream a drain handed over at its deadline: the client was cut and the store copied what the log held,
+    so the app's later messages are dropped (an event logged now would reach a reader here, never Redis)."""

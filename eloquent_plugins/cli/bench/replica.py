@@ -1,5 +1,6 @@
-"""``eloquent serve`` replicas for the fleet tests (drain, rolling restarts): fixed ports (a restart keeps them, so
-nginx's upstreams stay valid), optional shared TLS files, the output kept in a file to read back."""
+"""One ``eloquent serve`` replica of a fleet (drain, rolling restarts): fixed ports, so that a restart keeps them
+and the balancer's upstreams stay valid; optional shared TLS files; the output appended to one file across
+restarts, to read back. What ``bench load --restart-every`` and the fleet tests run."""
 
 from __future__ import annotations
 
@@ -15,16 +16,19 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.servers import free_port, wait_for_port
+from eloquent_plugins.cli.bench.procs import free_port, wait_for_port
 
 
 @dataclass
 class Replica:
     name: str
     store: str
+    """The shared resume store (``redis://...``)."""
     args: tuple[str, ...] = ()
     certfile: Path | None = None
     keyfile: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    """``ELOQUENT_*`` settings of its own (the caller's are not inherited)."""
     port: int = field(default_factory=free_port)
     udp_port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
@@ -39,19 +43,22 @@ class Replica:
         return f"{'https' if self.certfile else 'http'}://127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        """Start it (again) and return once its TCP port listens (``wait_ready`` for its readiness)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("ELOQUENT_")}
         env.update(ELOQUENT_RESUME_GRACE="30", ELOQUENT_KEEPALIVE="1", ELOQUENT_CACHE_DIR=tempfile.gettempdir())
-        exe = str(Path(sys.executable).with_name("eloquent"))
+        env.update(self.env)
         udp = [] if "sse" in self.args else ["--eloquent-port", str(self.udp_port)]
         tls = ["--certfile", str(self.certfile), "--keyfile", str(self.keyfile)] if self.certfile else []
         self.starts += 1
         with self.log_path.open("ab") as out:
             out.write(f"---- start {self.starts}\n".encode())
             out.flush()
+            # process_group=0: its own group for stop's kill, not its own session (see procs.stop_process)
             self.proc = subprocess.Popen(
-                [exe, "serve", "--port", str(self.port), *udp, *tls,
+                [sys.executable, "-m", "eloquent_plugins.cli.main", "serve", "--port", str(self.port), *udp, *tls,
                  "--resume-store", self.store, *self.args],
-                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tempfile.gettempdir())
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tempfile.gettempdir(),
+                process_group=0)
         wait_for_port(self.port, timeout=60, proc=self.proc)
 
     def signal(self, sig: int = signal.SIGTERM) -> None:
@@ -75,6 +82,10 @@ class Replica:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def last_log(self) -> str:
+        """The output of its latest start only."""
+        return self.log().rsplit("---- start", 1)[-1]
+
     def get(self, path: str) -> httpx.Response:
         return httpx.get(self.base + path, verify=False, timeout=30)
 
@@ -89,6 +100,8 @@ class Replica:
         while not self.ready():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"replica {self.name} not ready after {timeout} s")
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"replica {self.name} exited ({self.proc.returncode}): {self.last_log()[-2000:]}")
             time.sleep(0.1)
 
     def metric(self, name: str, labels: str = "") -> float:
