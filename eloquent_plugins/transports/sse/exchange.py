@@ -34,7 +34,7 @@ from eloquent_plugins.transports.telemetry import StreamSpan
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
-    from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+    from eloquent_plugins.transports.sse.host import StreamHost
 
 log = logging.getLogger("eloquent_plugins.transports.sse")
 
@@ -51,7 +51,7 @@ class Exchange:
     __slots__ = ("mw", "scope", "send", "relay", "mode", "started", "log", "producer", "conn", "token",
                  "hooks", "info", "abandon", "span", "slot", "local_readers", "seen_at", "cut_at", "watched_until")
 
-    def __init__(self, mw: EloquentMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
+    def __init__(self, mw: StreamHost, scope: Scope, receive: Receive, send: Send) -> None:
         self.mw = mw
         self.scope = scope
         self.send = send

@@ -36,7 +36,7 @@ from eloquent_plugins.transports.sse.producer import Producer
 from eloquent_plugins.transports.telemetry import migration_event
 
 if TYPE_CHECKING:
-    from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+    from eloquent_plugins.transports.sse.host import MigrationHost
 
 log = logging.getLogger("eloquent_plugins.transports.sse")
 
@@ -111,7 +111,7 @@ class MigratingSource:
 class Migration:
     """One takeover attempt of the stream ``token`` at event ``cursor``, by the resume whose request is ``scope``."""
 
-    def __init__(self, mw: EloquentMiddleware, scope: Scope, token: str, meta: StreamMeta) -> None:
+    def __init__(self, mw: MigrationHost, scope: Scope, token: str, meta: StreamMeta) -> None:
         self.mw, self.scope, self.token, self.meta = mw, scope, token, meta
         self.span: Any = None
         """The span the migration is recorded on (the resume's own), set by the resume."""
