@@ -161,7 +161,7 @@ class Migration:
     async def _start(self, cursor: int, cont: Continuation, emitted: Emitted) -> ReplaySource:
         mw, meta, store = self.mw, self.meta, self.mw.store
         stream_log = StreamLog(max_events=getattr(store, "max_stream_events", 100_000))
-        stream_log.base = stream_log.next_index = cursor
+        stream_log.start_at(cursor)
         await store.adopt(self.token, meta, stream_log)  # type: ignore[union-attr]
         info = StreamInfo(meta.stream_id, route=meta.route, transport="sse", codec=meta.codec)
         codec = mw.codecs.get(meta.codec, mw.codecs["openai"])
