@@ -123,55 +123,58 @@ class EventPath:
         ``StreamLog.append`` written out (``bench_cost --opcodes`` counts what is left per event)."""
         conn: Connection = self.conn  # type: ignore[assignment]  # attached before the app's first body chunk
         log = self.log
+        metrics = self.metrics
         end = log.next_index
-        caught_up = conn.waiter is not None and not conn.busy and conn.state is _OPEN and conn.cursor == end
-        if (caught_up and self.inline and len(log.listeners) == 1 and body.startswith(_DATA)
-                and body.find(10) == len(body) - 2 and body[-1] == 10 and 13 not in body):  # sse_reader.one_data_line
-            frame = _join((self.id_prefix, ID_ENDS[end] if end < 4096 else b"%d\n" % end, body))  # id_end
-            size = len(frame)
-            self.frames.append(frame)
-            end = log.next_index = end + 1
-            appended = log.appended = log.appended + size
-            if end > log.index_cap or appended > log.byte_cap:
-                log.trim()
-            now = self.clock()
-            gap = now - self.last
-            self.counts[_bisect(self.bounds, gap)] += 1  # Histogram.observe, inline
-            self.gaps.sum += gap
-            if gap > self.max_gap:
-                self.max_gap = gap
-            self.last = now
-            self.metrics.events += 1
-            conn.busy = True
-        elif caught_up:
-            conn.busy = True
-            source: LocalSource = conn.source  # type: ignore[assignment]
-            source.held = True  # the append must not wake the connection's task: the write happens here
-            try:
-                self.feed(body)  # type: ignore[misc]
-            except BaseException:
-                source.held = False
-                conn.busy = False
-                conn.wakeup()  # whatever was appended before the failure goes out from the connection's task
-                raise
-            source.held = False
-            cursor = end
-            end = log.next_index
-            if end <= cursor:
-                conn.busy = False
-                if conn.parked:
-                    conn.wakeup()
-                return
-            if end - cursor == 1:
-                frame = self.frames[-1]
+        if conn.waiter is not None and not conn.busy and conn.state is _OPEN and conn.cursor == end:  # caught up
+            if (self.inline and len(log.listeners) == 1 and body.startswith(_DATA)
+                    and body.find(10) == len(body) - 2 and body[-1] == 10 and 13 not in body):  # one_data_line
+                frame = _join((self.id_prefix, ID_ENDS[end] if end < 4096 else b"%d\n" % end, body))  # id_end
+                size = len(frame)
+                self.frames.append(frame)
+                end = log.next_index = end + 1
+                appended = log.appended = log.appended + size
+                if end > log.index_cap or appended > log.byte_cap:
+                    log.trim()
+                now = self.clock()
+                gap = now - self.last
+                self.counts[_bisect(self.bounds, gap)] += 1  # Histogram.observe, inline
+                self.gaps.sum += gap
+                if gap > self.max_gap:
+                    self.max_gap = gap
+                self.last = now
+                metrics.events += 1
+                conn.busy = True
+                conn.offset = appended  # it was the log's byte count: the connection was caught up
             else:
-                start = cursor - log.base
-                if start < 0:  # trimmed before it was written (a tiny max_stream_events): cut, a resume gets a 410
+                conn.busy = True
+                source: LocalSource = conn.source  # type: ignore[assignment]
+                source.held = True  # the append must not wake the connection's task: the write happens here
+                try:
+                    self.feed(body)  # type: ignore[misc]
+                except BaseException:
+                    source.held = False
                     conn.busy = False
-                    conn.overflow()
+                    conn.wakeup()  # whatever was appended before the failure goes out from the connection's task
+                    raise
+                source.held = False
+                cursor = end
+                end = log.next_index
+                if end <= cursor:
+                    conn.busy = False
+                    if conn.parked:
+                        conn.wakeup()
                     return
-                frame = _join(self.frames[start:])
-            size = len(frame)
+                if end - cursor == 1:
+                    frame = self.frames[-1]
+                else:
+                    start = cursor - log.base
+                    if start < 0:  # trimmed before it was written (a tiny max_stream_events): cut, a resume gets 410
+                        conn.busy = False
+                        conn.overflow()
+                        return
+                    frame = _join(self.frames[start:])
+                size = len(frame)
+                conn.offset += size
         else:
             self.feed(body)  # type: ignore[misc]
             if conn.state is _OPEN:
@@ -182,7 +185,6 @@ class EventPath:
                         await asyncio.sleep(0.005)
             return
         conn.cursor = end
-        conn.offset += size
         conn.sending_since = now = self.time()
         task = self.task
         if task is None:
@@ -202,10 +204,12 @@ class EventPath:
             conn.busy = False
         # The send normally completes without suspending, so the clock read before it is good enough.
         conn.written_at = now
-        metrics = self.metrics
         metrics.bytes_sent += size
         metrics.writes += 1
-        if conn.state is not _OPEN or conn.keepalive_due or conn.parked or log.closed or end < log.next_index:
+        if conn.parked:
+            # Its task saw this write in progress and waits for it to end. Nothing else needs a wake-up here:
+            # whatever else it must see while this write was in progress woke it already (the log's listener on
+            # an append or the close, ``wakeup`` on a cut, a disconnect or a keep-alive due).
             conn.wakeup()
 
 
