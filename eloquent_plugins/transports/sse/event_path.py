@@ -35,11 +35,6 @@ _join = b"".join
 _bisect = bisect_left
 _OPEN = ConnState.OPEN  # read per event: a global, not an Enum attribute lookup
 _CUT = ConnState.TIMED_OUT
-_GONE = ConnState.GONE
-
-
-def id_end(index: int) -> bytes:
-    return ID_ENDS[index] if index < 4096 else b"%d\n" % index
 
 
 class EventPath:
@@ -54,7 +49,8 @@ class EventPath:
         """The log's own list (``StreamLog`` changes it in place only)."""
         self.ids = token is not None
         self.id_prefix = b"id: " + format_event_id(token, 0).encode()[:-1] if token is not None else b""
-        """Event n's id line is this prefix + ``id_end(n)``: ``format_event_id`` with the index cut off."""
+        """Event n's id line is this prefix + ``ID_ENDS[n]`` (``b"%d\\n" % n`` past the table): ``format_event_id``
+        with the index cut off."""
         self.inline = False
         """``write`` may log a one-line ``data:`` chunk itself: the stream has ids, no plugin sees its events, its
         first event is logged and the app's body so far ended on an event boundary (set by the producer)."""
@@ -128,7 +124,7 @@ class EventPath:
         if conn.waiter is not None and not conn.busy and conn.state is _OPEN and conn.cursor == end:  # caught up
             if (self.inline and len(log.listeners) == 1 and body.startswith(_DATA)
                     and body.find(10) == len(body) - 2 and body[-1] == 10 and 13 not in body):  # one_data_line
-                frame = _join((self.id_prefix, ID_ENDS[end] if end < 4096 else b"%d\n" % end, body))  # id_end
+                frame = _join((self.id_prefix, ID_ENDS[end] if end < 4096 else b"%d\n" % end, body))
                 size = len(frame)
                 self.frames.append(frame)
                 end = log.next_index = end + 1
