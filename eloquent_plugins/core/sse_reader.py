@@ -26,7 +26,7 @@ class SSEMessage:
 def one_data_line(chunk: bytes) -> bool:
     """``chunk`` is one whole message of the common shape, a ``data: `` line and its blank line, LF only (an
     engine's token): callers take its payload as ``chunk[6:-2]`` instead of parsing it, when the parser is
-    ``idle``. Int arguments, so no bytes object is built per call. ``Connection.write_direct`` (the SSE middleware's
+    ``idle``. Int arguments, so no bytes object is built per call. ``EventPath.write`` (the SSE middleware's
     per-event path) has the same test inline."""
     return chunk.startswith(b"data: ") and chunk.find(10) == len(chunk) - 2 and chunk[-1] == 10 and 13 not in chunk
 

@@ -56,7 +56,7 @@ GAP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 
 
 class Histogram:
     """A lock-free histogram for one event loop: ``observe`` is a bisect and two additions (the SSE direct write,
-    ``Connection.write_direct``, does them inline per event: keep the three fields' meaning)."""
+    ``sse.event_path.EventPath.write``, does them inline per event: keep the three fields' meaning)."""
 
     __slots__ = ("bounds", "counts", "sum")
 

@@ -405,11 +405,11 @@ def test_adapter_cost_times_the_vllm_stack_on_requests_that_bypass_it() -> None:
     assert {"bypass_added_us_per_request", "non_streamed_added_us_per_request", "bypass_added_ns_per_event",
             "sse_added_us_per_request", "sse_added_ns_per_event"} <= set(result)
     assert result["sse_bare_us_per_request"] > 0
-    # The bytecode count is exact: per event, the connection's direct write runs the most, and the producer's
+    # The bytecode count is exact: per event, the event path's direct write runs the most, and the producer's
     # general path runs for each request's first event only.
     assert result["sse_opcodes_per_event"] > 0 and result["sse_bare_opcodes_per_event"] > 0
     by_function = result["sse_opcodes_by_function"]
-    assert max(by_function, key=by_function.get) == "sse/connection.py:write_direct"
+    assert max(by_function, key=by_function.get) == "sse/event_path.py:write"
     # The producer's general path runs for each request's first event only: ~7 bytecodes per event over 16 events,
     # ~110 if it ran for every event.
     producer = sum(count for name, count in by_function.items() if name.startswith("sse/producer.py:"))

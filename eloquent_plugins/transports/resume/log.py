@@ -20,8 +20,8 @@ class EventsGone(EloquentError):
 class StreamLog:
     """Append-only frames with a moving base index; bounded by event count and bytes (oldest dropped first)."""
 
-    __slots__ = ("frames", "base", "next_index", "nbytes", "appended", "closed", "reason", "max_events", "max_bytes",
-                 "listeners")
+    __slots__ = ("frames", "base", "next_index", "dropped", "appended", "closed", "reason", "_max_events",
+                 "_max_bytes", "listeners", "index_cap", "byte_cap")
 
     def __init__(self, *, max_events: int = 100_000, max_bytes: int = 8 << 20) -> None:
         self.frames: list[bytes] = []
@@ -30,25 +30,62 @@ class StreamLog:
         self.next_index = 0
         """The index the next frame gets: ``base + len(frames)``, kept as a field because readers check it per
         event."""
-        self.nbytes = 0
-        """Bytes of the frames held now."""
+        self.dropped = 0
+        """Bytes of every frame dropped so far (trimmed or discarded): ``nbytes`` is ``appended - dropped``."""
         self.appended = 0
         """Bytes of every frame ever appended (the byte offset of ``next_index``)."""
         self.closed = False
         self.reason: str | None = None
-        self.max_events = max_events
-        self.max_bytes = max_bytes
+        self._max_events = max_events
+        self._max_bytes = max_bytes
+        self.index_cap = max_events
+        """``base + max_events``: an append that takes ``next_index`` past it trims (one comparison per event)."""
+        self.byte_cap = max_bytes
+        """``dropped + max_bytes``: an append that takes ``appended`` past it trims."""
         self.listeners: list[Callable[[], None]] = []
         """Wake callbacks, called on every append and at the close (``listen``). Public because the direct write
-        (``Connection.write_direct``) appends inline when its own source is the only one."""
+        (``sse.event_path.EventPath.write``) appends inline when its own source is the only one."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the frames held now."""
+        return self.appended - self.dropped
+
+    @property
+    def max_events(self) -> int:
+        return self._max_events
+
+    @max_events.setter
+    def max_events(self, value: int) -> None:
+        self._max_events = value
+        self._recap()
+
+    @property
+    def max_bytes(self) -> int:
+        return self._max_bytes
+
+    @max_bytes.setter
+    def max_bytes(self, value: int) -> None:
+        self._max_bytes = value
+        self._recap()
+
+    def _recap(self) -> None:
+        """The caps after ``base``, ``dropped`` or a bound changed."""
+        self.index_cap = self.base + self._max_events
+        self.byte_cap = self.dropped + self._max_bytes
+
+    def start_at(self, index: int) -> None:
+        """An empty log whose first event is ``index`` (a migrated stream continues at the reader's cursor)."""
+        if self.frames:
+            raise ValueError("start_at is for an empty log")
+        self.base = self.next_index = index
+        self._recap()
 
     def append(self, frame: bytes) -> None:
         self.frames.append(frame)
-        self.next_index += 1
-        size = len(frame)
-        self.nbytes += size
-        self.appended += size
-        if self.next_index - self.base > self.max_events or self.nbytes > self.max_bytes:
+        end = self.next_index = self.next_index + 1
+        appended = self.appended = self.appended + len(frame)
+        if end > self.index_cap or appended > self.byte_cap:
             self.trim()
         for wake in self.listeners:
             wake()
@@ -85,7 +122,8 @@ class StreamLog:
         freed = sum(map(len, self.frames[:drop]))
         del self.frames[:drop]
         self.base += drop
-        self.nbytes -= freed
+        self.dropped += freed
+        self._recap()
         return freed
 
     def listen(self, wake: Callable[[], None]) -> None:
@@ -101,8 +139,8 @@ class StreamLog:
         """Back under ``max_events`` and ``max_bytes`` (``append`` calls it when either is passed)."""
         # Drop about an eighth at a time so trimming is amortised O(1) per append.
         frames = self.frames
-        target_events = self.max_events - self.max_events // 8
-        target_bytes = self.max_bytes - self.max_bytes // 8
+        target_events = self._max_events - self._max_events // 8
+        target_bytes = self._max_bytes - self._max_bytes // 8
         drop = 0
         nbytes = self.nbytes
         while drop < len(frames) - 1 and (len(frames) - drop > target_events or nbytes > target_bytes):
@@ -110,4 +148,5 @@ class StreamLog:
             drop += 1
         del frames[:drop]
         self.base += drop
-        self.nbytes = nbytes
+        self.dropped = self.appended - nbytes
+        self._recap()

@@ -32,9 +32,9 @@ from eloquent_plugins.transports.sse.socket_control import socket_control
 from eloquent_plugins.transports.telemetry import StreamSpan
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable
+    from collections.abc import Awaitable, Callable
 
-    from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+    from eloquent_plugins.transports.sse.host import StreamHost
 
 log = logging.getLogger("eloquent_plugins.transports.sse")
 
@@ -48,10 +48,10 @@ _SSE, _PASS = Mode.SSE, Mode.PASS  # ``app_send`` runs per event: a global read,
 
 
 class Exchange:
-    __slots__ = ("mw", "scope", "send", "relay", "mode", "started", "log", "producer", "conn", "token",
+    __slots__ = ("mw", "scope", "send", "relay", "mode", "started", "log", "producer", "conn", "write", "token",
                  "hooks", "info", "abandon", "span", "slot", "local_readers", "seen_at", "cut_at", "watched_until")
 
-    def __init__(self, mw: EloquentMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
+    def __init__(self, mw: StreamHost, scope: Scope, receive: Receive, send: Send) -> None:
         self.mw = mw
         self.scope = scope
         self.send = send
@@ -64,6 +64,8 @@ class Exchange:
         self.log: StreamLog | None = None
         self.producer: Producer | None = None
         self.conn: Connection | None = None
+        self.write: Callable[[bytes], Awaitable[None]] | None = None
+        """The stream's ``EventPath.write`` once its connection is up: where the app's body chunks go."""
         self.token: str | None = None
         self.hooks: StreamHooks | None = None
         self.info: StreamInfo | None = None
@@ -103,17 +105,16 @@ class Exchange:
                 self.relay.forget()
 
     def app_send(self, message: Message) -> Awaitable[None]:
-        """The app's ``send``. A plain function, because it runs per event: a streamed body chunk gets the
-        connection's ``write_direct`` coroutine back (the only coroutine of ours per event), a pass-through
-        message the server's own ``send``; the rest is ``_app_send``."""
-        mode = self.mode
-        if mode is _SSE:
-            conn = self.conn
-            if conn is not None and message["type"] == "http.response.body" and message.get("more_body", False):
+        """The app's ``send``. A plain function, because it runs per event: a streamed body chunk gets the event
+        path's ``write`` coroutine back (the only coroutine of ours per event), a pass-through message the
+        server's own ``send``; the rest is ``_app_send``."""
+        write = self.write
+        if write is not None:
+            if message["type"] == "http.response.body" and message.get("more_body", False):
                 body = message.get("body", b"")
                 if body:
-                    return conn.write_direct(body)
-        elif mode is _PASS:
+                    return write(body)
+        elif self.mode is _PASS:
             return self.send(message)
         return self._app_send(message)
 
@@ -205,9 +206,11 @@ class Exchange:
         self.conn = Connection(self.send, LocalSource(meta, stream_log), 0, policy=mw.policy,
                                send_timeout=mw.config.send_timeout, metrics=metrics, merge=mw.merge_for(codec),
                                coalesce=mw.config.coalesce, max_queued=mw.config.max_queued_bytes,
-                               socket=socket_control(scope), producer=self.producer,
+                               socket=socket_control(scope),
                                padding=response_padding(mw.padding, codec.name, label, self.relay.body_head),
                                send_tick=mw.config.send_tick)
+        self.producer.path.attach(self.conn, self.producer.feed)
+        self.write = self.producer.path.write
         mw.budget.add_reader(stream_log, self.conn)
         task = self.conn.start()
         task.add_done_callback(self._connection_done)
@@ -379,6 +382,8 @@ class Exchange:
                 with contextlib.suppress(Exception):
                     await mw.store.finish(self.token)
         finally:
+            self.write = None
+            producer.path.detach()
             mw.drain.untrack(self)
             if self.token is not None:
                 mw.exchanges.pop(self.token, None)

@@ -22,13 +22,14 @@ it by index, over HTTP/3 or SSE). For a stream it:
 
 This module only dispatches: a new stream is ``exchange.Exchange``, a resume ``resume.serve_resume``, the
 per-client bound ``limits.ClientLimits``, and which format a route speaks ``core.codecs.router.CodecRouter``.
+Those pieces see this class only through ``host``'s Protocols (what each uses of it), so none imports it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pluggy
@@ -49,6 +50,7 @@ from eloquent_plugins.transports.sse.budget import StreamBudget
 from eloquent_plugins.transports.sse.connection import MAX_LAG_EVENTS
 from eloquent_plugins.transports.sse.exchange import Exchange
 from eloquent_plugins.transports.sse.headers import json_error, respond
+from eloquent_plugins.transports.sse.host import LocalStream, Merge
 from eloquent_plugins.transports.sse.ids import RESUME_QUERY_KEY, IdentityFunction, resume_request
 from eloquent_plugins.transports.sse.limits import ClientLimits
 from eloquent_plugins.transports.sse.merge import merge_openai
@@ -103,7 +105,7 @@ class EloquentMiddleware:
         self.budget = StreamBudget(self.config.max_held_bytes, self.store, self.metrics,
                                    retry_after=max(1.0, self.config.resume_grace))
         """``max_held_bytes``: what every stream log of this middleware holds, and what happens at the limit."""
-        self.exchanges: dict[str, Exchange] = {}
+        self.exchanges: dict[str, LocalStream] = {}
         """The live resumable streams produced here, by token (a resume here tells its producer it is read)."""
         self.spans: dict[str, Any] = {}
         """The live span of each resumable stream here, by token (a resume adds its connection to it)."""
@@ -188,7 +190,7 @@ class EloquentMiddleware:
         """The codec of the route at ``path``: the format of its events and errors."""
         return self.router.for_path(path)
 
-    def merge_for(self, codec: Codec) -> Callable[[list[bytes]], tuple[list[bytes], int]] | None:
+    def merge_for(self, codec: Codec) -> Merge | None:
         return merge_openai if self.config.merge_deltas and codec.name == "openai" else None
 
     @property

@@ -36,7 +36,7 @@ from eloquent_plugins.transports.sse.producer import Producer
 from eloquent_plugins.transports.telemetry import migration_event
 
 if TYPE_CHECKING:
-    from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+    from eloquent_plugins.transports.sse.host import MigrationHost
 
 log = logging.getLogger("eloquent_plugins.transports.sse")
 
@@ -111,7 +111,7 @@ class MigratingSource:
 class Migration:
     """One takeover attempt of the stream ``token`` at event ``cursor``, by the resume whose request is ``scope``."""
 
-    def __init__(self, mw: EloquentMiddleware, scope: Scope, token: str, meta: StreamMeta) -> None:
+    def __init__(self, mw: MigrationHost, scope: Scope, token: str, meta: StreamMeta) -> None:
         self.mw, self.scope, self.token, self.meta = mw, scope, token, meta
         self.span: Any = None
         """The span the migration is recorded on (the resume's own), set by the resume."""
@@ -168,7 +168,7 @@ class Migration:
     async def _start(self, cursor: int, cont: Continuation, emitted: Emitted) -> ReplaySource:
         mw, meta, store = self.mw, self.meta, self.mw.store
         stream_log = StreamLog(max_events=getattr(store, "max_stream_events", 100_000))
-        stream_log.base = stream_log.next_index = cursor
+        stream_log.start_at(cursor)
         await store.adopt(self.token, meta, stream_log)  # type: ignore[union-attr]
         info = StreamInfo(meta.stream_id, route=meta.route, transport="sse", codec=meta.codec)
         codec = mw.codecs.get(meta.codec, mw.codecs["openai"])

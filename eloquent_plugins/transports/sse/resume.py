@@ -32,7 +32,7 @@ from eloquent_plugins.transports.sse.socket_control import socket_control
 from eloquent_plugins.transports.telemetry import resume_span
 
 if TYPE_CHECKING:
-    from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+    from eloquent_plugins.transports.sse.host import ResumeHost
 
 log = logging.getLogger("eloquent_plugins.transports.sse")
 
@@ -48,7 +48,7 @@ STORE_RETRY_AFTER = b"1"
 """``Retry-After`` of a 503 ``resume_store_unavailable``: a store connection is retried per request."""
 
 
-async def _refuse(mw: EloquentMiddleware, send: Send, path: str, refusal: _Refusal) -> None:
+async def _refuse(mw: ResumeHost, send: Send, path: str, refusal: _Refusal) -> None:
     status, message, code, type_ = refusal
     if status == 204:
         await respond(send, 204, [], b"")
@@ -59,7 +59,7 @@ async def _refuse(mw: EloquentMiddleware, send: Send, path: str, refusal: _Refus
     await respond(send, status, headers, body)
 
 
-async def serve_resume(mw: EloquentMiddleware, scope: Scope, receive: Receive, send: Send, raw: str) -> None:
+async def serve_resume(mw: ResumeHost, scope: Scope, receive: Receive, send: Send, raw: str) -> None:
     """Answer one resume request whose raw id is ``raw``."""
     store, metrics = mw.store, mw.metrics
     assert store is not None
@@ -102,7 +102,7 @@ async def serve_resume(mw: EloquentMiddleware, scope: Scope, receive: Receive, s
     await _replay(mw, scope, receive, send, source, point, migration)
 
 
-async def _check(mw: EloquentMiddleware, scope: Scope, source: ReplaySource, point: ResumePoint) -> _Refusal | None:
+async def _check(mw: ResumeHost, scope: Scope, source: ReplaySource, point: ResumePoint) -> _Refusal | None:
     """Why this caller cannot read ``source`` after ``point`` (counted in the metrics), or None when it can."""
     metrics, meta, cursor = mw.metrics, source.meta, point.after + 1
     if not hmac.compare_digest(meta.owner, identity_hash(scope, mw.identity)):
@@ -133,7 +133,7 @@ async def _check(mw: EloquentMiddleware, scope: Scope, source: ReplaySource, poi
     return None
 
 
-async def _replay(mw: EloquentMiddleware, scope: Scope, receive: Receive, send: Send, source: ReplaySource,
+async def _replay(mw: ResumeHost, scope: Scope, receive: Receive, send: Send, source: ReplaySource,
                   point: ResumePoint, migration: Migration | None = None) -> None:
     """Serve the stream from the event after ``point`` to its end, on a connection holding a lease on it."""
     store, metrics, meta = mw.store, mw.metrics, source.meta

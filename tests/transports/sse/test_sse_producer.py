@@ -1,7 +1,7 @@
 """The SSE path's per-event fast paths log and write exactly what the general paths do.
 
-Why pinned: for a caught-up client, ``Connection.write_direct`` logs a one-``data:``-line chunk inline (the
-producer's ``_event`` and the log's ``append`` written out, its id line from a table for the first 4096 events)
+Why pinned: for a caught-up client, ``EventPath.write`` logs a one-``data:``-line chunk inline (the event
+path's ``add`` and the log's ``append`` written out, its id line from a table for the first 4096 events)
 and writes it in the app's task: a copy of slower code, kept for speed.
 """
 
@@ -93,8 +93,11 @@ class Client:
 
 
 def connect(producer: Producer, log: StreamLog, metrics: StreamMetrics, client: Client) -> Connection:
-    return Connection(client, LocalSource(StreamMeta("s-1", "", 200, ()), log), 0, policy=KeepAlivePolicy(0),
-                      send_timeout=0, metrics=metrics, producer=producer)
+    """A connection on the producer's log, its event path attached (as ``Exchange`` does); call in the loop."""
+    conn = Connection(client, LocalSource(StreamMeta("s-1", "", 200, ()), log), 0, policy=KeepAlivePolicy(0),
+                      send_timeout=0, metrics=metrics)
+    producer.path.attach(conn, producer.feed)
+    return conn
 
 
 async def stream_to_a_caught_up_client() -> tuple[CountingProducer, StreamLog, StreamMetrics, Client]:
@@ -104,7 +107,7 @@ async def stream_to_a_caught_up_client() -> tuple[CountingProducer, StreamLog, S
     task = conn.start()
     await asyncio.sleep(0)  # the connection's task now waits, caught up
     for body in chunks():
-        await conn.write_direct(body)
+        await producer.path.write(body)
     producer.close("complete")
     assert await asyncio.wait_for(task, 5) == "complete"
     assert isinstance(producer, CountingProducer)
@@ -142,7 +145,7 @@ async def test_the_inline_path_trims_the_log_as_append_does() -> None:
     task = conn.start()
     await asyncio.sleep(0)
     for i in range(200):
-        await conn.write_direct(b"data: %d\n\n" % i)
+        await producer.path.write(b"data: %d\n\n" % i)
     assert log.next_index == 200 and len(log.frames) <= 64 and log.base == 200 - len(log.frames)
     assert log.nbytes == sum(map(len, log.frames)) and log.appended == sum(map(len, client.writes))
     producer.close("complete")
@@ -171,15 +174,15 @@ async def test_a_failure_while_appending_on_the_direct_path_leaves_the_connectio
     conn = connect(producer, log, metrics, client)
     task = conn.start()
     await asyncio.sleep(0)  # the connection's task is now waiting, caught up
-    await conn.write_direct(b"data: a\n\n")
+    await producer.path.write(b"data: a\n\n")
     assert client.writes == [b"data: a\n\n"]  # written by this task
     with pytest.raises(RuntimeError):
-        await conn.write_direct(b"data: fail\n\n")
+        await producer.path.write(b"data: fail\n\n")
     assert not conn.busy
     for _ in range(3):
         await asyncio.sleep(0)
     assert client.writes == [b"data: a\n\n", b"data: fail\n\n"]  # the connection's own task wrote it
-    await conn.write_direct(b"data: c\n\n")  # and the direct path works again
+    await producer.path.write(b"data: c\n\n")  # and the direct path works again
     producer.close("complete")
     assert await asyncio.wait_for(task, 5) == "complete"
     assert client.writes == [b"data: a\n\n", b"data: fail\n\n", b"data: c\n\n", b""]
