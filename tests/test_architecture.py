@@ -272,7 +272,6 @@ def test_the_circle_finder_finds_a_planted_circle(tmp_path: Path) -> None:
     assert circles([a for a in arrows if a.path != "b.py"], {"planted", "planted.a", "planted.b", "planted.c"}) == []
 
 
-@pytest.mark.xfail(strict=True, reason="circles removed by the house-h3/house-sse/fleet branches")
 def test_no_import_circle() -> None:
     modules = {module_name(p) for p in source_files()}
     found = circles(all_arrows(), modules)
