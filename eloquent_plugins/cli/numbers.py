@@ -57,3 +57,5 @@ loss_rate = number(float, "a loss rate", high=1.0)
 kbps = number(float, "kbit/s", low_open=True)
 burst = number(float, "a mean burst length in packets", low=1.0)
 fraction = number(float, "a fraction", high=1.0)
+growth = number(float, "a ratio between size classes", low=1.1, high=16.0, high_open=False)
+"""The ratio between padding size classes: in [1.1, 16], as ``core.padding.PaddingPolicy`` requires."""

@@ -54,9 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also run the SSE path with --padding constant and this --send-tick (0: skip)")
     parser.add_argument("--datagram-floor", type=numbers.positive, default=DATAGRAM_FLOOR,
                         help=f"smallest datagram class of bucket padding ({DATAGRAM_FLOOR})")
-    parser.add_argument("--datagram-growth", type=float, default=DATAGRAM_GROWTH,
+    parser.add_argument("--datagram-growth", type=numbers.growth, default=DATAGRAM_GROWTH,
                         help=f"ratio between datagram classes of bucket padding ({DATAGRAM_GROWTH:g})")
-    parser.add_argument("--sse-growth", type=float, default=SSE_GROWTH,
+    parser.add_argument("--sse-growth", type=numbers.growth, default=SSE_GROWTH,
                         help=f"ratio between SSE classes of bucket padding ({SSE_GROWTH:g})")
     parser.add_argument("--concurrency", type=numbers.positive, default=8, help="SSE streams at once (8)")
     parser.add_argument("--seed", type=numbers.seed, default=29)
