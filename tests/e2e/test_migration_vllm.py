@@ -4,8 +4,10 @@ other, which continues the answer on its own vLLM as a token-id prompt (the orig
 ones): the client's text and ``usage.completion_tokens`` equal the uncut greedy answer's.
 
 Both deployments: replicas of ``eloquent serve --upstream openai=<its vLLM>`` (the gateway process is killed), and
-vLLM with the plugin (``python -m eloquent_vllm.serve``; the whole vLLM process group is killed). A missing venv
-or a server that does not come up FAILS the module; nothing is skipped.
+vLLM with the plugin (``python -m eloquent_vllm.serve``; the whole vLLM process group is killed). And the rolling
+restart of vLLM with the plugin: SIGTERM drains it (unready, new streams 503, the stream handed over at
+``--eloquent-drain-timeout``), the other replica completes the answer, and the drained one exits and comes back.
+A missing venv or a server that does not come up FAILS the module; nothing is skipped.
 """
 
 from __future__ import annotations
@@ -13,33 +15,46 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Iterator
+import subprocess
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import httpx
 import pytest
 
-from tests.support.migration import killed_and_resumed, read_all
+from tests.support.migration import killed_and_resumed, read_all, wait_for
 from tests.support.servers import eloquent_serve_process, redis_server
-from tests.support.vllm import OWN_ENTRY, VllmServer, build_tiny_model, launch, serving
+from tests.support.vllm import STARTUP_TIMEOUT_S, OWN_ENTRY, VllmServer, build_tiny_model, launch, serving
 
 pytestmark = pytest.mark.vllm
 
 CHAT = "/v1/chat/completions"
 TOKENS = 1200
 """Long enough (about 2 s at the tiny model's pace here) that the kill lands mid-stream."""
+DRAIN_TIMEOUT = 2.0
+DRAIN_TOKENS = 8000
+"""Long enough (over 10 s at the tiny model's pace here) that the drain's deadline lands mid-stream."""
 
 
 @dataclass
 class Fleet:
     redis: str
     store: str
-    a: VllmServer
-    b: VllmServer
+    servers: dict[str, VllmServer]
+    relaunch: Callable[[str], VllmServer]
 
-    def body(self) -> dict:
+    @property
+    def a(self) -> VllmServer:
+        return self.servers["a"]
+
+    @property
+    def b(self) -> VllmServer:
+        return self.servers["b"]
+
+    def body(self, tokens: int = TOKENS) -> dict:
         return {"model": self.b.model, "messages": [{"role": "user", "content": "Tell me about rivers."}],
-                "stream": True, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True,
+                "stream": True, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
                 "stream_options": {"include_usage": True}}
 
 
@@ -52,10 +67,22 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     with redis_server() as url:
         store = f"{url}?heartbeat_ttl=3"
-        flags = ("--stream-transport", "sse", "--eloquent-resume-store", store, "--eloquent-keepalive", "1")
-        with serving({name: launch(name, OWN_ENTRY, model, workdir, env, *flags, max_num_seqs=4)
-                      for name in ("a", "b")}) as started:
-            yield Fleet(url, store, started["a"], started["b"])
+        flags = ("--stream-transport", "sse", "--eloquent-resume-store", store, "--eloquent-keepalive", "1",
+                 "--eloquent-drain-timeout", str(DRAIN_TIMEOUT))
+
+        def start(name: str) -> VllmServer:
+            return launch(name, OWN_ENTRY, model, workdir, env, *flags, max_num_seqs=4)
+
+        with serving({name: start(name) for name in ("a", "b")}) as started:
+            def relaunch(name: str) -> VllmServer:
+                """Start ``name`` again (a new log) and wait until it serves; ``serving`` above stops it at the end
+                of the module, as it stops the first one."""
+                server = started[name] = start(name)
+                server.wait_ready(time.monotonic() + STARTUP_TIMEOUT_S)
+                server.model = server.openai().models.list().data[0].id
+                return server
+
+            yield Fleet(url, store, started, relaunch)
 
 
 def _gateway(fleet: Fleet, vllm: VllmServer) -> contextlib.AbstractContextManager:
@@ -63,7 +90,7 @@ def _gateway(fleet: Fleet, vllm: VllmServer) -> contextlib.AbstractContextManage
                                   "--resume-store", fleet.store, "--keepalive", "1")
 
 
-def _check(answer, uncut, cut_at: int, what: str) -> None:
+def _check(answer, uncut, cut_at: int, what: str, tokens: int = TOKENS) -> None:
     gap = uncut.seconds / max(1, len(uncut.events) - 1)
     print(f"{what}: killed after event {cut_at} of {len(uncut.events)}; resume to first continued event "
           f"{answer.resume_first_s * 1000:.0f} ms (the uncut stream's mean gap {gap * 1000:.1f} ms); whole answer "
@@ -73,7 +100,7 @@ def _check(answer, uncut, cut_at: int, what: str) -> None:
     assert 0 < cut_at < len(uncut.events) - 10, "the kill landed mid-stream"
     assert answer.complete and uncut.complete
     assert answer.text == uncut.text
-    assert answer.usage["completion_tokens"] == uncut.usage["completion_tokens"] == TOKENS
+    assert answer.usage["completion_tokens"] == uncut.usage["completion_tokens"] == tokens
     assert answer.usage["prompt_tokens"] == uncut.usage["prompt_tokens"]
     assert answer.finish_reason == uncut.finish_reason == "length"
 
@@ -86,6 +113,51 @@ def test_gateway_replica_killed_mid_stream(fleet):
             answer, cut_at = killed_and_resumed(client, f"http://127.0.0.1:{victim.port}{CHAT}", then, fleet.body(),
                                                 redis_url=fleet.redis, kill=victim.kill)
     _check(answer, uncut, cut_at, "gateway replica (--upstream openai=) SIGKILLed")
+
+
+def _ready(server: VllmServer) -> int:
+    try:
+        return httpx.get(server.base_url + "/ready", timeout=10).status_code
+    except httpx.HTTPError:
+        return 0
+
+
+def test_vllm_with_the_plugin_sigterm_drains_and_hands_over(fleet):
+    """SIGTERM to vLLM's API server process (what Kubernetes sends) with a stream mid-way: /ready turns 503, then a
+    new stream gets 503 + Retry-After, the stream runs on for the drain timeout and is handed over, the client
+    resumes at the other replica, which completes the answer; the drained server exits by itself (vLLM's own
+    shutdown after the drain) and is started again for the next test."""
+    a = fleet.a
+    seen: dict[str, object] = {}
+
+    def sigterm() -> None:
+        a.process.send_signal(signal.SIGTERM)
+        wait_for(lambda: _ready(a) == 503, "the drained server's /ready turned 503", timeout=60)
+        seen["refused"] = httpx.post(a.base_url + CHAT, json=fleet.body(8), timeout=60)
+
+    body = fleet.body(DRAIN_TOKENS)
+    with httpx.Client(timeout=httpx.Timeout(300, connect=10)) as client:
+        uncut = read_all(client, fleet.b.base_url + CHAT, body)
+        answer, cut_at = killed_and_resumed(client, a.base_url + CHAT, fleet.b.base_url + CHAT, body,
+                                            redis_url=fleet.redis, kill=sigterm)
+    try:
+        code = a.process.wait(120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the drained vLLM did not exit 120 s after SIGTERM:\n{a.log_tail()}")
+    log = a.log.read_text(errors="replace")
+    refused = seen["refused"]
+    assert isinstance(refused, httpx.Response)
+    print(f"drained vLLM: exit {code}; refused a new stream with {refused.status_code} "
+          f"(Retry-After {refused.headers.get('retry-after')}); log: "
+          + " | ".join(line for line in log.splitlines() if "drain" in line)[-600:])
+    assert refused.status_code == 503 and refused.headers.get("retry-after"), refused.text
+    assert refused.json()["error"]["message"], refused.text
+    assert "draining (SIGTERM)" in log, a.log_tail()
+    assert "ended by drain: handed over at the deadline" in log, a.log_tail()
+    assert code == 0, a.log_tail()
+    _check(answer, uncut, cut_at, "vLLM with the plugin SIGTERMed (drain, hand-over)", tokens=DRAIN_TOKENS)
+    again = fleet.relaunch("a")
+    assert _ready(again) == 200
 
 
 def test_vllm_with_the_plugin_killed_mid_stream(fleet):

@@ -18,6 +18,19 @@ from eloquent_vllm.errors import UnsupportedVllmVersion
 
 logger = logging.getLogger("vllm.eloquent_plugins")  # child of vLLM's logger: same handlers and format
 
+
+def log_like_vllm(name: str = "eloquent_plugins") -> None:
+    """Give the core's loggers (``eloquent_plugins.*``: the drain's lines, a stream ended by drain, a migration)
+    vLLM's handlers and level where nothing configured them: vLLM configures only its own ``vllm`` logger, so
+    without this they would go nowhere in a vLLM server's log."""
+    ours, theirs = logging.getLogger(name), logging.getLogger("vllm")
+    if ours.handlers or not theirs.handlers:
+        return
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    ours.setLevel(theirs.level or logging.INFO)
+    ours.propagate = False
+
 TESTED_VERSIONS = ((0, 32), (0, 33))
 """(major, minor) releases verified against; others are tried with a warning."""
 

@@ -4,7 +4,8 @@ vLLM builds ``--middleware`` classes as ``Class(app)`` with no arguments, so thi
 parsed CLI namespace at ``scope["app"].state.args`` (vLLM sets it in ``build_app``) and builds the real
 :class:`eloquent_plugins.transports.sse.middleware.EloquentMiddleware` around the inner app. It also rides the app's ASGI
 lifespan: after vLLM's own startup it starts the HTTP/3 front end on the running loop (same process, same app,
-so HTTP/3 requests go through this whole middleware stack too), and closes it on shutdown.
+so HTTP/3 requests go through this whole middleware stack too), and closes it on shutdown. SIGTERM begins the
+drain, and vLLM's own shutdown follows when it is done (``sigterm.py``).
 
 It can also be given by hand, without the plugin: ``--middleware eloquent_vllm.middleware.VllmStreamMiddleware``
 (transport then comes from ``ELOQUENT_STREAM_TRANSPORT``, default ``sse``).
@@ -16,12 +17,13 @@ from argparse import Namespace
 from typing import Any
 
 from eloquent_plugins.transports.asgi import ASGIApp, Message, Receive, Scope, Send
-from eloquent_vllm.compat import logger
+from eloquent_vllm.compat import log_like_vllm, logger
 from eloquent_vllm.errors import ServeOptionsError
 from eloquent_vllm.http3 import Http3Frontend
 from eloquent_vllm.implementations import sse_middleware_class
 from eloquent_vllm.metrics import register_stream_metrics
 from eloquent_vllm.options import EloquentVllmSettings
+from eloquent_vllm.sigterm import drain_on_sigterm
 from eloquent_vllm.token_ids import with_token_ids
 
 
@@ -32,7 +34,10 @@ class VllmStreamMiddleware:
         self._settings: EloquentVllmSettings | None = None
         self._http3: Http3Frontend | None = None
         self._drain: Any = None
-        """The stream middleware's drain (``POST /eloquent/drain``, ``/ready``): the HTTP/3 front end follows it."""
+        """The stream middleware's drain (``POST /eloquent/drain``, ``/ready``, SIGTERM): the HTTP/3 front end
+        follows it."""
+        self._exit_task: Any = None
+        """Waits for the drain, then hands the process to vLLM's shutdown (``sigterm.drain_on_sigterm``)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -113,6 +118,9 @@ class VllmStreamMiddleware:
                 outer_app, host=settings.http3_host, port=settings.http3_port, config=settings.config,
                 drain=self._drain,
             )
+        log_like_vllm()
+        if self._drain is not None:
+            self._exit_task = drain_on_sigterm(self._drain, before_exit=self._shutdown)
         logger.info(
             "eloquent-plugins: stream transport %s active%s",
             settings.transport,
