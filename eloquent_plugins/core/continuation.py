@@ -48,6 +48,9 @@ class Emitted:
     """Completion tokens emitted: the token ids when the upstream sent them, else one per content event."""
     token_ids: list[int] | None = None
     """The emitted token ids, when every content event carried them (vLLM's ``return_token_ids``)."""
+    held: int = 0
+    """How many of the last token ids came in events without text: the upstream held their text back (the bytes
+    of a character not complete yet), so the client has their ids but not their text."""
     prompt_token_ids: list[int] | None = None
     role_sent: bool = False
     finished: bool = False
@@ -130,6 +133,8 @@ def _read_openai(out: Emitted, obj: dict[str, Any]) -> int:
         ids = choice.get("token_ids")
         if isinstance(ids, list) and out.token_ids is not None:
             out.token_ids.extend(int(i) for i in ids)
+            if ids:
+                out.held = 0 if isinstance(text, str) and text else out.held + len(ids)
         elif text:
             out._ids_complete = False
         if isinstance(text, str) and text:
@@ -170,6 +175,9 @@ class Continuation:
     """The format the client's stream speaks (the same names)."""
     want_usage: bool
     """The client asked for a usage chunk (OpenAI ``stream_options.include_usage``)."""
+    regenerate: int = 0
+    """Emitted token ids the continuation generates again (``Emitted.held``): the splice drops them from its
+    ``token_ids`` and counts them once in ``usage``."""
 
     def encoded(self) -> bytes:
         return json.dumps(self.body, separators=(",", ":"), ensure_ascii=False).encode()
@@ -250,12 +258,17 @@ def _plan_openai(route: str, fmt: str, body: dict[str, Any], emitted: Emitted, t
     left = _remaining(body.get(key), emitted)
     usage = {"include_usage": True}
     if token_ids and emitted.prompt_token_ids is not None and emitted.token_ids is not None:
+        # The prompt ends where the emitted text does. Ids whose text the upstream still held back (a character
+        # cut between its bytes) are left out and generated again: a prompt that ends inside a character makes
+        # vLLM's detokenizer start from the prompt's first token, and the client would get the prompt as text.
+        held = emitted.held
+        resolved = emitted.token_ids[:len(emitted.token_ids) - held]
         out = {k: body[k] for k in _SAMPLING if k in body}
-        out.update(prompt=emitted.prompt_token_ids + emitted.token_ids, stream=True, stream_options=usage,
+        out.update(prompt=emitted.prompt_token_ids + resolved, stream=True, stream_options=usage,
                    return_token_ids=True)
         if left is not None:
-            out["max_tokens"] = left
-        return Continuation(TOKEN_ID_ROUTE, out, "completions", fmt, want_usage)
+            out["max_tokens"] = left + held
+        return Continuation(TOKEN_ID_ROUTE, out, "completions", fmt, want_usage, held)
     out = {**body, "stream": True, "stream_options": usage}
     if left is not None:
         out[key] = left
@@ -289,6 +302,8 @@ class Splice:
         self.emitted = emitted
         self.index = emitted.tokens
         """TGI: the ``index`` the next token event gets."""
+        self.skip = cont.regenerate
+        """Token ids still to drop from the continuation's chunks (the client has them already)."""
         self.finished = False
         """The continuation's own end came through (``[DONE]``, a finish, an error, TGI's last event)."""
 
@@ -332,6 +347,13 @@ class Splice:
                 continue
             if choice.get("finish_reason") is not None:
                 self.finished = True
+            if self.skip and isinstance(choice.get("token_ids"), list):
+                ids = choice["token_ids"]
+                drop = min(self.skip, len(ids))
+                self.skip -= drop
+                choice = {**choice, "token_ids": ids[drop:]}
+                if not ids[drop:] and not choice.get("text") and choice.get("finish_reason") is None:
+                    continue  # a regenerated id whose text is still held back: the client has this event
             if cont.target == "chat":
                 if cont.source == "completions":
                     choice = {"index": 0, "delta": {"content": choice.get("text") or ""},
@@ -359,7 +381,7 @@ class Splice:
     def usage(self, usage: dict[str, Any]) -> dict[str, Any]:
         """The whole answer's usage from the continuation's: its prompt held the emitted tokens."""
         em = self.emitted
-        completion = em.tokens + _int(usage.get("completion_tokens"))
+        completion = em.tokens - self.cont.regenerate + _int(usage.get("completion_tokens"))
         if em.prompt_token_ids is not None:
             prompt = len(em.prompt_token_ids)
         else:

@@ -170,6 +170,36 @@ def test_splice_completions_tokens_into_chat_counts_by_prompt_ids():
     assert json.loads(use)["usage"] == {"prompt_tokens": 3, "completion_tokens": 10, "total_tokens": 13}
 
 
+def test_ids_whose_text_was_held_back_are_generated_again_and_counted_once():
+    """A cut between the bytes of one character: the last two ids came with no text (vLLM holds an incomplete
+    UTF-8 sequence back). The prompt ends where the text does; the two are generated again, their ids dropped
+    from what the client gets (it has them), the character's text delivered once, usage counting each id once."""
+    em = read_emitted("openai", [chunk("", role=True, ids=[], prompt_ids=[1, 2, 3]), chunk("ab", ids=[5, 6]),
+                                 chunk("", ids=[240]), chunk("", ids=[159])])
+    assert em.tokens == 4 and em.held == 2
+    cont = plan(CHAT, "openai", BODY, em, token_ids=True)
+    assert cont.body["prompt"] == [1, 2, 3, 5, 6] and cont.body["max_tokens"] == 10 - 4 + 2
+    assert cont.regenerate == 2
+    splice = Splice(cont, em)
+
+    def part(text: str, ids: list[int], finish: str | None = None) -> bytes:
+        return json.dumps({"id": "cmpl-9", "object": "text_completion", "created": 1, "model": "m", "choices": [
+            {"index": 0, "text": text, "finish_reason": finish, "token_ids": ids}]}).encode()
+
+    assert splice.payloads(part("", [240])) == [] and splice.payloads(part("", [159])) == []
+    (out,) = splice.payloads(part("\U0001f600", [152]))
+    choice = json.loads(out)["choices"][0]
+    assert choice["delta"] == {"content": "\U0001f600"} and choice["token_ids"] == [152]
+    (out,) = splice.payloads(part(" ok", [7], "length"))
+    assert json.loads(out)["choices"][0]["token_ids"] == [7]
+    (use,) = splice.payloads(json.dumps({"id": "cmpl-9", "choices": [], "usage": {
+        "prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}}).encode())
+    assert json.loads(use)["usage"]["completion_tokens"] == 6, "2 emitted with text + 4 generated (2 again)"
+    again = read_emitted("openai", [chunk("", role=True, ids=[], prompt_ids=[1]), chunk("", ids=[240]),
+                                    chunk("x", ids=[159, 7])])
+    assert again.held == 0, "text came after the held ids: nothing is held any more"
+
+
 def test_splice_tgi_continues_index_and_generated_text():
     tgi = [json.dumps({"index": 1, "token": {"id": 1, "text": "a", "special": False}}).encode()]
     em = read_emitted("tgi", tgi)

@@ -9,6 +9,7 @@ Also the admin route's guard, in process."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Iterator
 
@@ -123,6 +124,48 @@ async def test_sigterm_drains_then_hands_the_stream_over(pair: tuple[Replica, Re
     indices = [int(i.rsplit(":", 1)[1]) for i, _ in events + resumed]
     assert indices == list(range(indices[0], indices[0] + len(indices))), "ids continue, each event once"
     assert b.metric("eloquent_migrations_total", 'outcome="migrated"') == 1, "migrated, not cut"
+
+
+async def test_a_stream_handed_over_while_redis_lags_keeps_every_event(pair: tuple[Replica, Replica, str]) -> None:
+    """Redis takes no writes across the drain's deadline (``CLIENT PAUSE ... WRITE``), so the stream's copy lags
+    the events its client got when the hand-over begins. The hand-over must wait for that copy: the replica's own
+    end of the stream (its client cut, its engine request stopped) may not drop the events meanwhile. Found by
+    ``eloquent bench load --restart-every``: a resume then met "sent but never copied" and the stream was lost."""
+    a, b, store = pair
+    if not a.running:
+        a.start()
+    a.wait_ready()
+    r = redis.Redis.from_url(store)
+    events: list[tuple[str, str]] = []
+    got_events = asyncio.Event()
+    token = ""
+
+    async def read_long_stream() -> None:
+        nonlocal token
+        parser = SSEParser()
+        with contextlib.suppress(httpx.HTTPError):
+            async with httpx.AsyncClient(timeout=60) as h, \
+                    h.stream("POST", a.base + CHAT, json=chat_body("a story handed over in a lag", TOKENS)) as resp:
+                token = resp.headers[STREAM_HEADER]
+                async for chunk in resp.aiter_bytes():
+                    events.extend((m.id or "", m.data) for m in parser.feed(chunk) if m.data)
+                    if len(events) >= 5:
+                        got_events.set()
+
+    reader = asyncio.create_task(read_long_stream())
+    await asyncio.wait_for(got_events.wait(), 30)
+    await wait_until(lambda: r.xlen(f"eloquent:s:{token}") >= 5, "the copy caught up before the pause")
+    r.execute_command("CLIENT", "PAUSE", str(int((DRAIN_TIMEOUT + 2) * 1000)), "WRITE")  # past the deadline
+    a.signal()
+    await asyncio.wait_for(reader, 60)
+    assert a.wait_exit(60) == 0
+    log = a.log().rsplit("---- start", 1)[-1]
+    assert "ended by drain" in log, log[-3000:]
+    held = r.xlen(f"eloquent:s:{token}")
+    print(f"the client got {len(events)} events, {held} in Redis after the hand-over (paused across the deadline)")
+    assert held >= len(events), f"Redis holds {held} events of the {len(events)} the client got: lost in the hand-over"
+    assert not r.exists(f"eloquent:h:{token}"), "the producer is marked gone"
+    a.start()  # for the tests after this one
 
 
 # ---- the admin route, in process ---------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from eloquent_plugins.transports.asgi import Message, Send
 from eloquent_plugins.transports.metrics import StreamMetrics
 from eloquent_plugins.transports.resume.base import ReplaySource
 from eloquent_plugins.transports.resume.local import LocalSource
-from eloquent_plugins.transports.resume.log import StreamLog
+from eloquent_plugins.transports.resume.log import EventsGone, StreamLog
 from eloquent_plugins.transports.sse.socket_control import STALLED_SEND_BYTES, SocketControl
 
 Merge = Callable[[list[bytes]], tuple[list[bytes], int]]
@@ -299,6 +299,10 @@ class Connection:
         except OSError:
             # ASGI 2.4 servers raise on a send to a closed connection.
             return "disconnected"
+        except EventsGone:
+            # Events this reader had not had yet were dropped here (the memory budget shed them): end the body
+            # uncompleted, so the client resumes (from Redis, or gets a 410), never a body with a gap in it.
+            return "aborted"
         finally:
             self._handle.cancel()
             if self._lease_task is not None and not self._lease_task.done():

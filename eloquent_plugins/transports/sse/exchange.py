@@ -284,7 +284,7 @@ class Exchange:
                 log.info("stream=%s client does not read (more than %d bytes queued): connection cut",
                          self.info.stream_id, conn.max_queued)
             self.relay.disconnect()
-            if self.log is not None:
+            if self.log is not None and conn.state is not ConnState.DRAINED:
                 self.mw.budget.client_cut(self.log)  # while memory is tight, its stream is given up at once
 
     def _client_gone(self) -> None:
@@ -375,8 +375,10 @@ class Exchange:
             metrics.active_connections -= 1
             metrics.active_streams -= 1
             metrics.ended(reason)
-            if reason == "disconnected" and not mw.budget.reading(producer.log):
+            if reason == "disconnected" and self.mode is not Mode.HANDED_OVER and not mw.budget.reading(producer.log):
                 # Aborted: a resume gets 410 stream_aborted, never these events; keep the answer, not the bytes.
+                # Not a stream the drain handed over: its mirror may still be copying them (the store's
+                # ``hand_over``), and what it has not copied would be lost to the replica that continues it.
                 producer.log.discard_before(producer.log.next_index)
             if mw.store is not None and self.token is not None:
                 with contextlib.suppress(Exception):
