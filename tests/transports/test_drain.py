@@ -128,9 +128,9 @@ async def test_sigterm_drains_then_hands_the_stream_over(pair: tuple[Replica, Re
 
 async def test_a_stream_handed_over_while_redis_lags_keeps_every_event(pair: tuple[Replica, Replica, str]) -> None:
     """Redis takes no writes across the drain's deadline (``CLIENT PAUSE ... WRITE``), so the stream's copy lags
-    the events its client got when the hand-over begins. The hand-over must wait for that copy: the replica's own
-    end of the stream (its client cut, its engine request stopped) may not drop the events meanwhile. Found by
-    ``eloquent bench load --restart-every``: a resume then met "sent but never copied" and the stream was lost."""
+    the events its client got when the hand-over begins. The hand-over must wait for that copy, and nothing on the
+    replica may drop the events meanwhile (``eloquent bench load --restart-every`` once lost a stream that way:
+    a resume met "sent but never copied"; the exchange's end dropped a handed-over log as an aborted one's)."""
     a, b, store = pair
     if not a.running:
         a.start()
