@@ -239,16 +239,19 @@ class Harness:
 @asynccontextmanager
 async def harness(conditions: Conditions, workload: Workload, *, record: bool = False,
                   redundancy: str | int | None = None, page_origins: tuple[str, ...] = (),
-                  wrap: Callable[[ASGIApp], ASGIApp] | None = None, padding: str = "off") -> AsyncIterator[Harness]:
+                  wrap: Callable[[ASGIApp], ASGIApp] | None = None, padding: str = "off",
+                  send_tick: float = 0.0) -> AsyncIterator[Harness]:
     """``record``: the relay keeps every packet (per-token timelines); ``redundancy``: the datagram senders'
     ``SenderConfig.redundancy`` (None: the default); ``page_origins``: pages that may open WebTransport sessions;
     ``wrap``: around the engine app (a bulk route beside it); ``padding``: the front end's ``--padding`` (its
-    datagrams; the engine app is bare, so the reliable stream's SSE is not padded)."""
+    datagrams; the engine app is bare, so the reliable stream's SSE is not padded); ``send_tick``: its ``--send-tick``
+    (datagrams only at multiples of it; the reliable stream is not paced, for the same reason)."""
     app: ASGIApp = create_engine_app(EngineConfig(ttft=workload.ttft, tpot=workload.tpot,
                                                   max_tokens_limit=max(8192, workload.max_tokens)))
     if wrap is not None:
         app = wrap(app)
-    server = await start_http3_server(app, host="127.0.0.1", port=0, config=StreamConfig(padding=padding),
+    config = StreamConfig(padding=padding, send_tick=send_tick)
+    server = await start_http3_server(app, host="127.0.0.1", port=0, config=config,
                                       options=FrontEndOptions(record_timings=True, sender_redundancy=redundancy,
                                                               cors_origins=page_origins))
     try:

@@ -9,6 +9,9 @@ supersedes an earlier one by construction.
 As in aioquic, the machine is split three ways: this module keeps the event log and the state (``SenderState``
 and the ``Pending`` work), ``recovery`` times probes and detects loss, ``packetizer`` builds the datagrams;
 all three read ``sender_config`` (``SenderConfig``, ``SenderStats``), a leaf, so none imports another in a circle.
+
+With ``SenderConfig.send_tick`` every datagram leaves at a multiple of the tick (``core.pacing``): work that falls
+due between two multiples is held, ``next_deadline`` names the multiple, and the call there sends it all at once.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from eloquent_plugins.core.delta import make_delta
 from eloquent_plugins.core.errors import LimitExceeded, ProtocolViolation, StreamClosed
 from eloquent_plugins.core.events import EventKind, StreamEvent
 from eloquent_plugins.core.keepalive import KeepAliveTimer
+from eloquent_plugins.core.pacing import next_tick
 from eloquent_plugins.core.packetizer import Packetizer
 from eloquent_plugins.core.recovery import Recovery
 from eloquent_plugins.core.sender_config import SenderConfig, SenderStats
@@ -80,6 +84,12 @@ class EloquentSender:
         self.state = SenderState.OPEN
         self._pending = 0
         """``Pending`` bits, as an int."""
+        self._tick = self.config.send_tick
+        self._release_at: float | None = None
+        """With a tick: the multiple of it at which the pending work goes out (None: nothing held yet)."""
+        self._named: float | None = None
+        """With a tick: the multiple ``next_deadline`` last named, until a call at or after it: that call is the
+        transport's timer for it (perhaps a little late), so what is due goes then, not a whole tick later."""
 
     # ---- engine side -------------------------------------------------------------------------------------
     def push(self, payload: bytes, now: float, kind: EventKind = EventKind.DATA) -> StreamEvent:
@@ -152,6 +162,8 @@ class EloquentSender:
             # carrying the oldest unacked event is deemed lost, the run is resent from it (a retransmission).
             if recovery.carrier_lost(self._unacked[0].index, ack.largest_packet_number):
                 self._pending |= _PROBE
+        if not self._pending:
+            self._release_at = None  # the held probe was answered: new work waits for its own multiple
 
     def copies_now(self) -> int:
         """How many copies of each run datagram the next flush sends (``SenderConfig.redundancy``)."""
@@ -159,7 +171,14 @@ class EloquentSender:
 
     # ---- clock -------------------------------------------------------------------------------------------
     def next_deadline(self) -> float | None:
-        """When ``handle_timer`` next has work; None when nothing is scheduled."""
+        """When ``handle_timer`` next has work; None when nothing is scheduled. With a tick: a multiple of it
+        (the held work's, or the one at or after the next timer)."""
+        if self._tick:
+            self._named = self._paced_deadline()
+            return self._named
+        return self._timer_deadline()
+
+    def _timer_deadline(self) -> float | None:
         unacked = bool(self._unacked)
         recovery = self._recovery
         best = recovery.probe_deadline(unacked)
@@ -167,6 +186,13 @@ class EloquentSender:
             if deadline is not None and (best is None or deadline < best):
                 best = deadline
         return best
+
+    def _paced_deadline(self) -> float | None:
+        """``next_deadline`` with a tick: the held work's multiple, or the one at or after the next timer."""
+        if self._release_at is not None and self._pending:
+            return self._release_at
+        best = self._timer_deadline()
+        return None if best is None else next_tick(best, self._tick)
 
     def handle_timer(self, now: float) -> None:
         unacked = bool(self._unacked)
@@ -192,6 +218,8 @@ class EloquentSender:
         pending = self._pending
         if not pending:  # most calls: the transport pumps after every ack
             return []
+        if self._tick and not self._paced(now):
+            return []
         if pending & _SEND and self._unacked:
             packetizer, recovery = self._packetizer, self._recovery
             if pending & _RUN:
@@ -214,6 +242,24 @@ class EloquentSender:
             self._pending = 0
             return [self._packetizer.keepalive(now)]
         return []
+
+    def _paced(self, now: float) -> bool:
+        """With a tick: whether the pending work may go now. New events, an ack's repair or a transport's
+        ``probe()`` wait for the next multiple of the tick; a call at or after the multiple ``next_deadline``
+        named is that multiple's (its timer, perhaps late), and a timer's work (probe, keep-alive) is due only
+        there: a probe deadline passed while nothing was unacked is new work, not a late timer."""
+        release = self._release_at
+        if release is None:
+            release = next_tick(now, self._tick)
+        named = self._named
+        if named is not None and named <= now:
+            self._named = None
+            release = min(release, named)
+        if now < release:
+            self._release_at = release
+            return False
+        self._release_at = None
+        return True
 
     # ---- state -------------------------------------------------------------------------------------------
     @property

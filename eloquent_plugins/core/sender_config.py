@@ -12,6 +12,7 @@ from typing import Literal
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.keepalive import KeepAlivePolicy
 from eloquent_plugins.core.limits import Limits
+from eloquent_plugins.core.pacing import check_tick
 from eloquent_plugins.core.padding import PaddingPolicy
 
 
@@ -46,6 +47,10 @@ class SenderConfig:
     padding: PaddingPolicy | None = None
     """Pad every datagram to one of the policy's sizes (``core.padding.datagram_policy``; None or ``off``: none), so
     an observer does not learn each token's byte length from the datagram sizes (docs/SECURITY.md)."""
+    send_tick: float = 0.0
+    """Seconds (``--send-tick``; 0: off): every datagram leaves at a multiple of this tick on the caller's clock (the
+    ``now`` it passes), so send times follow the clock, not the tokens (``core.pacing``). New events wait for the
+    next multiple and go in one run; probes and keep-alives wait for the multiple at or after their deadline."""
 
     def __post_init__(self) -> None:
         if self.copies < 1:
@@ -57,6 +62,7 @@ class SenderConfig:
             raise ConfigError(f"redundancy_threshold must be in [0, 1], got {self.redundancy_threshold}")
         if not 0 < self.loss_gain <= 1:
             raise ConfigError(f"loss_gain must be in (0, 1], got {self.loss_gain}")
+        check_tick(self.send_tick)
         pad = self.padding
         if pad is not None and pad.enabled:
             budget = self.limits.max_datagram_size

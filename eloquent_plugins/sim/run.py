@@ -207,16 +207,16 @@ def run_eloquent(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, tra
                  copies: int = 1, scheme: str = "eloquent", redundancy: str | int | None = None,
                  padding: PaddingPolicy | None = None,
                  observe: Callable[[float, bytes], None] | None = None,
-                 link: LinkRun | None = None) -> StreamRun:
+                 link: LinkRun | None = None, send_tick: float = 0.0) -> StreamRun:
     """``redundancy`` None keeps the sender's default; otherwise it sets ``SenderConfig.redundancy``.
-    ``padding`` sets ``SenderConfig.padding``; ``observe(now, datagram)`` sees every data datagram sent (what an
-    observer of the path sees, ``bench leak``)."""
+    ``padding`` and ``send_tick`` set ``SenderConfig``'s; ``observe(now, datagram)`` sees every data datagram sent
+    (what an observer of the path sees, ``bench leak``)."""
     path = scenario.path_config(trace)
     loop = EventLoop()
     renders = _Renders(len(timeline.times))
-    config = None if redundancy is None and padding is None else replace(
+    config = None if redundancy is None and padding is None and not send_tick else replace(
         SenderConfig(), initial_rtt=_initial_rtt(scenario), keepalive=KeepAlivePolicy(interval=0.0),
-        redundancy="off" if redundancy is None else redundancy, padding=padding)
+        redundancy="off" if redundancy is None else redundancy, padding=padding, send_tick=send_tick)
 
     def send_data(datagram: bytes) -> None:
         if observe is not None:

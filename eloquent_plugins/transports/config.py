@@ -16,6 +16,7 @@ from eloquent_plugins.core.checks import require_finite
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.keepalive import KeepAlivePolicy
 from eloquent_plugins.core.limits import Limits
+from eloquent_plugins.core.pacing import check_tick
 from eloquent_plugins.core.padding import parse_mode
 
 StreamTransport = Literal["sse", "eloquent"]
@@ -72,7 +73,8 @@ class StreamConfig:
     the encrypted connection does not learn each token's length (``core.padding``, docs/SECURITY.md)."""
     send_tick: float = 0.0
     """Seconds: hold SSE writes and datagram flushes to multiples of this tick, so their timing follows the clock,
-    not the tokens (0: off, send at once)."""
+    not the tokens (0: off, send at once). The HTTP/3 front end passes it to each Eloquent sender
+    (``SenderConfig.send_tick``, ``core.pacing``)."""
     drain_timeout: float = 30.0
     """Seconds a draining server (SIGTERM, ``POST /eloquent/drain``) lets its in-flight streams run before it
     hands them over (the store is told the producer is gone, clients resume elsewhere) and exits."""
@@ -95,9 +97,7 @@ class StreamConfig:
             raise ConfigError(f"eloquent_port must be a port number, got {self.eloquent_port}")
         KeepAlivePolicy(self.keepalive, self.keepalive_frame)  # validates both
         parse_mode(self.padding)
-        require_finite("send_tick", self.send_tick)
-        if not 0 <= self.send_tick <= 1:
-            raise ConfigError(f"send_tick must be between 0 and 1 second, got {self.send_tick}")
+        check_tick(self.send_tick)
 
     @property
     def keepalive_policy(self) -> KeepAlivePolicy:

@@ -27,6 +27,21 @@ def test_tiny_run_writes_each_variants_figures(tmp_path: Path) -> None:
     assert rows["sse", "bucket"]["sizes_seen"] <= 2
 
 
+def test_send_tick_rows_pace_both_paths(tmp_path: Path) -> None:
+    """With ``--send-tick`` each path gets one more row, paced: the simulated datagram sender's first send of each
+    token comes at most one tick after it (a simulated clock: exact), and writes and datagrams are fewer."""
+    out = tmp_path / "leak.json"
+    assert main(["bench", "leak", "--answers", "4", "--runs", "2", "--tokens", "12", "--sse-tpot", "0.001",
+                 "--tpot", "0.01", "--modes", "off,bucket", "--send-tick", "0.02", "--no-progress",
+                 "--json", str(out)]) == 0
+    rows = {(r["path"], r["mode"]): r for r in json.loads(out.read_text())["variants"]}
+    assert ("sse", "constant+tick 20ms") in rows
+    plain, paced = rows["datagram", "bucket"], rows["datagram", "bucket+tick 20ms"]
+    assert plain["latency_ms_p95"] == 0.0  # unpaced, the sender sends each token as it comes
+    assert 0.0 < paced["latency_ms_mean"] <= paced["latency_ms_p95"] <= 20.0
+    assert paced["bytes_ratio"] < plain["bytes_ratio"]  # two tokens a tick: one datagram where there were two
+
+
 def _take(answer: int, run: int) -> Take:
     """A recorded answer as vLLM streams it: a role chunk, content chunks, the finish chunk and ``[DONE]``."""
     def event(delta: str, finish: str = "null") -> bytes:

@@ -48,7 +48,8 @@ SHARED_FLAGS: tuple[tuple[str, dict[str, object], str], ...] = (
      "Pad SSE writes and Eloquent datagrams to a few sizes against size side channels: off (default), bucket "
      "(size classes ~1.25x apart for SSE, 1.5x for datagrams) or constant (docs/SECURITY.md)."),
     ("--send-tick", {"type": float, "metavar": "SECONDS"},
-     "Write SSE events only at multiples of this tick, against timing side channels; 0 = off (default)."),
+     "Send SSE writes and HTTP/3 Eloquent datagrams only at multiples of this tick, against timing side "
+     "channels (adds up to one tick of latency); 0 = off (default)."),
     ("--drain-timeout", {"type": float, "metavar": "SECONDS"},
      "POST /eloquent/drain (loopback, or ELOQUENT_DRAIN_TOKEN): /ready turns 503, new streams get 503 + "
      "Retry-After, streams in flight run on this long, then are handed over (default 30)."),

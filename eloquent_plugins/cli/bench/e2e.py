@@ -52,12 +52,13 @@ from eloquent_plugins.sim.netem import Outage, parse_outage
 async def run_e2e(conditions: Conditions, workload: Workload, *, schemes: tuple[str, ...] = SCHEMES,
                   on_text: OnEvent | None = None,
                   on_stream: Callable[[StreamResult], None] | None = None, record: bool = False,
-                  redundancy: str | None = None, padding: str = "off") -> E2EResult:
+                  redundancy: str | None = None, padding: str = "off", send_tick: float = 0.0) -> E2EResult:
     """``record``: also build per-token timelines and their simulator replay (``cli/bench/timeline.py``);
-    ``redundancy``: the datagram senders' ``SenderConfig.redundancy``; ``padding``: the front end's."""
+    ``redundancy``: the datagram senders' ``SenderConfig.redundancy``; ``padding``, ``send_tick``: the front end's."""
     started = time.monotonic()
     result = E2EResult(conditions, workload)
-    async with harness(conditions, workload, record=record, redundancy=redundancy, padding=padding) as h:
+    async with harness(conditions, workload, record=record, redundancy=redundancy, padding=padding,
+                       send_tick=send_tick) as h:
         # Streams first: the relay's outage and loss schedules count from its start.
         clients = {scheme: client_for(scheme, h.relay_url) for scheme in schemes}
         try:
@@ -135,6 +136,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the datagram senders' SenderConfig.redundancy (default: the sender's default)")
     parser.add_argument("--padding", choices=MODES, default="off",
                         help="the front end's datagram padding (off; docs/results/padding.md)")
+    parser.add_argument("--send-tick", type=numbers.seconds, default=0.0, metavar="SECONDS",
+                        help="the front end's --send-tick: datagrams only at multiples of it (0: off; "
+                        "docs/results/padding.md)")
     parser.add_argument("--trace", default=None, metavar="NAME",
                         help="a cellular trace pair of shared/traces/mahimahi (ELOQUENT_TRACES_DIR) instead of "
                         "random loss: the relay drains each direction at the trace's opportunities, one queue "
@@ -191,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
         print("lossless calibration run (the stall floor of this machine and stack):")
         print(format_table(floor) + "\n")
     result = asyncio.run(run_e2e(conditions, workload, on_stream=progress, record=record,
-                                 redundancy=args.redundancy, padding=args.padding))
+                                 redundancy=args.redundancy, padding=args.padding, send_tick=args.send_tick))
     print(format_table(result))
     if args.browser:
         from eloquent_plugins.cli.bench.browser import ENGINES, browser_table_row

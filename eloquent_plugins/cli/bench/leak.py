@@ -14,8 +14,9 @@ Eloquent datagram (the real sender in the simulator, 10% loss by default). Per `
 Every answer has ``--tokens`` tokens, so the number of writes does not tell them apart (it does in real life:
 padding does not hide an answer's length). Also per mode: bytes against ``off`` (payload, and on the wire with a
 per-write TLS+TCP or QUIC+UDP overhead), stall ratio in the simulator at ``--loss`` (TCP with the padded write
-sizes for SSE, the Eloquent sender with padding for datagrams), CPU per event, and with ``--send-tick`` the SSE
-path's added latency.
+sizes for SSE, the Eloquent sender with padding for datagrams), CPU per event, and with ``--send-tick`` one more
+row per path paced to that tick (``TICK_MODES``: SSE with ``constant``, datagrams with ``bucket``) with the
+latency it adds (from each token's generation to the first write or datagram that carries it).
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ from eloquent_plugins.core.padding import DATAGRAM_FLOOR, DATAGRAM_GROWTH, MODES
 from eloquent_plugins.sim.link import QUIC_DATAGRAM_HEADER, TCP_HEADER
 from eloquent_plugins.sim.scenario import Scenario
 
+TICK_MODES = {"sse": "constant", "datagram": "bucket"}
+"""The padding of each path's ``--send-tick`` row: the mode that path would run with timing hidden too (SSE
+``constant`` costs the built-in engine's chunks no more than ``bucket``; datagram ``constant`` costs 2-4x the bytes
+and stall, docs/results/padding.md)."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--answers", type=numbers.positive, default=20, help="known answers to tell apart (20)")
@@ -50,8 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-jitter", type=numbers.fraction, default=0.3,
                         help="the in-process engine's tpot jitter (0.3); it is seeded by the prompt, so each answer "
                         "keeps its own timing from run to run: a stand-in for timing that depends on the content")
+    parser.add_argument("--sim-times", choices=("engine", "drawn"), default="engine",
+                        help="the built-in answers' token times in the simulator: the engine's own, recorded in "
+                        "process at --tpot (each answer's seeded rhythm, as on the SSE path; default), or drawn "
+                        "afresh each run (timing says nothing about the answer)")
     parser.add_argument("--send-tick", type=numbers.seconds, default=0.0,
-                        help="also run the SSE path with --padding constant and this --send-tick (0: skip)")
+                        help="also run each path with this --send-tick (SSE with --padding constant, datagrams "
+                        "with bucket; 0: skip)")
     parser.add_argument("--datagram-floor", type=numbers.positive, default=DATAGRAM_FLOOR,
                         help=f"smallest datagram class of bucket padding ({DATAGRAM_FLOOR})")
     parser.add_argument("--datagram-growth", type=numbers.growth, default=DATAGRAM_GROWTH,
@@ -90,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
     show: Callable[[str], None] = (lambda line: print(line, flush=True)) if args.progress else (lambda line: None)
     scenario = Scenario(loss=args.loss, rtt_ms=args.rtt * 1000, tpot_ms=args.tpot * 1000, tokens=args.tokens)
     sources = [] if args.no_builtin else [
-        builtin_source(args.answers, args.tokens, args.sse_tpot, args.engine_jitter, args.tpot)]
+        builtin_source(args.answers, args.tokens, args.sse_tpot, args.engine_jitter, args.tpot, args.runs,
+                       args.concurrency, args.sim_times == "drawn")]
     if args.vllm or args.vllm_answers:
         from eloquent_plugins.cli.bench.leak_vllm import vllm_source
 
@@ -115,9 +127,11 @@ def measure(source: Source, args: argparse.Namespace, modes: list[str], paths: l
     frame = b'id: tok:12\ndata: {"id":"chatcmpl-x","object":"chat.completion.chunk","choices":[{"delta":' \
             b'{"content":" word"}}]}\n\n'
     datagram = bytes(40)
-    variants = [(m, 0.0) for m in modes] + ([("constant", args.send_tick)] if args.send_tick else [])
+    def variants(path: str) -> list[tuple[str, float]]:
+        return [(m, 0.0) for m in modes] + ([(TICK_MODES[path], args.send_tick)] if args.send_tick else [])
+
     if "sse" in paths:
-        for mode, tick in variants:
+        for mode, tick in variants("sse"):
             observed, cpu, padding = observe_sse(mode, tick, source, args.runs, args.tokens, args.concurrency, show,
                                                  args.sse_growth)
             stall = sse_stall(observed, scenario, source, args.seed)
@@ -129,15 +143,15 @@ def measure(source: Source, args: argparse.Namespace, modes: list[str], paths: l
             row["padding_ns_per_event"] = round(padding_cpu(mode, frame, datagram)[0])
             rows.append(row)
     if "datagram" in paths:
-        for mode in modes:
+        for mode, tick in variants("datagram"):
             observed, cpu = observe_datagrams(mode, source, args.runs, scenario, args.seed, show,
-                                              args.datagram_floor, args.datagram_growth)
+                                              args.datagram_floor, args.datagram_growth, tick)
             stall = statistics.fmean(o.stall for o in observed)
             raw = sum(o.raw_bytes for o in observed)
-            if mode == "off":
+            if mode == "off" and not tick:
                 plain["datagram"] = raw
-            row = summarize("datagram", mode, observed, args.runs, answers, args.tokens, cpu, stall,
-                            plain.get("datagram", raw), QUIC_DATAGRAM_HEADER, None)
+            row = summarize("datagram", mode + (f"+tick {tick * 1000:g}ms" if tick else ""), observed, args.runs,
+                            answers, args.tokens, cpu, stall, plain.get("datagram", raw), QUIC_DATAGRAM_HEADER, None)
             row["padding_ns_per_event"] = round(padding_cpu(mode, frame, datagram)[1])
             rows.append(row)
     for row in rows:
@@ -150,16 +164,17 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
           f"rtt {args.rtt * 1000:g} ms")
     head = (f"{'path':<9}{'mode':<22}{'len rec':>8}{'(base)':>8}{'id size':>8}{'xch':>6}{'id time':>8}{'xch':>6}"
             f"{'bytes':>7}{'wire':>7}"
-            f"{'sizes':>6}{'stall':>8}{'cpu us/ev':>10}{'pad ns':>8}{'lat ms':>8}")
+            f"{'sizes':>6}{'stall':>8}{'cpu us/ev':>10}{'pad ns':>8}{'lat ms':>8}{'p95':>7}")
     print(head)
     source = None
     for r in rows:
         if r["source"] != source:
             source = r["source"]
             print(f"-- answers: {source}: {round(1 / r['chance'])} of them, chance {r['chance']:.3f}")
-        lat = r["latency_ms_mean"]
+        lat, p95 = r["latency_ms_mean"], r["latency_ms_p95"]
         print(f"{r['path']:<9}{r['mode']:<22}{r['token_length_recovery']:>8.3f}{r['token_length_baseline']:>8.3f}"
               f"{r['identification_sizes']:>8.3f}{r['identification_sizes_x_chance']:>6.1f}"
               f"{r['identification_timed']:>8.3f}{r['identification_timed_x_chance']:>6.1f}{r['bytes_ratio']:>7.2f}"
               f"{r['wire_bytes_ratio']:>7.2f}{r['sizes_seen']:>6}{r['stall_ratio']:>8.4f}"
-              f"{r['cpu_us_per_event']:>10.1f}{r['padding_ns_per_event']:>8}{'' if lat is None else f'{lat:.2f}':>8}")
+              f"{r['cpu_us_per_event']:>10.1f}{r['padding_ns_per_event']:>8}{'' if lat is None else f'{lat:.2f}':>8}"
+              f"{'' if p95 is None else f'{p95:.2f}':>7}")

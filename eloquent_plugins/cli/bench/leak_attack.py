@@ -27,6 +27,9 @@ class Observed:
     """The same writes' bytes without padding."""
     stall: float = 0.0
     latency: list[float] = field(default_factory=list)
+    """Per token: from its generation to the first write/datagram that carries it."""
+    generated: list[float] = field(default_factory=list)
+    """SSE: when each token left the engine (loop time)."""
 
 
 def _folds(observed: list[Observed], runs: int, answers: int) -> list[tuple[list[Observed], list[Observed]]]:

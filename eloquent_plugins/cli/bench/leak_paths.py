@@ -2,7 +2,9 @@
 
 **SSE**: the real ``EloquentMiddleware`` in process around an answer source (the built-in engine, or a replay of
 recorded vLLM answers, ``leak_vllm``); every body write the server is handed, sized and timed. **Datagrams**: the
-real ``EloquentSender`` with the padding in the simulator; every data datagram it sends, sized and timed.
+real ``EloquentSender`` with the padding (and ``--send-tick``) in the simulator, each answer's tokens at the times
+its source produced them (the built-in engine run in process, ``engine_times``; vLLM's recording); every datagram
+it sends, sized and timed.
 """
 
 from __future__ import annotations
@@ -71,13 +73,46 @@ class Source:
     """``(run, answer, rng)``: the answer's token times and events, for the simulator."""
 
 
-def builtin_source(n: int, tokens: int, tpot: float, jitter: float, sim_tpot: float) -> Source:
-    """The built-in engine: ``tpot`` and its ``jitter`` for the SSE path; the simulator draws each run's times at
-    ``sim_tpot`` (``timeline_for``)."""
+def builtin_source(n: int, tokens: int, tpot: float, jitter: float, sim_tpot: float, runs: int,
+                   concurrency: int, drawn: bool = False) -> Source:
+    """The built-in engine: ``tpot`` and its ``jitter`` for the SSE path; for the simulator, the times of the same
+    engine's tokens at ``sim_tpot`` (the same seeded rhythm per answer, the event loop's noise per run), recorded
+    once in process (``engine_times``), as vLLM's are; ``drawn``: times drawn afresh each run at ``sim_tpot``
+    instead (no timing that depends on the answer)."""
     prompts, texts = answer_set(n, tokens)
+    recorded: list[list[list[float]]] = []
+
+    def timeline(run: int, answer: int, rng: random.Random) -> Timeline:
+        if drawn:
+            return timeline_for(texts[answer], sim_tpot, rng)
+        if not recorded:
+            engine = create_engine_app(EngineConfig(ttft=0.0, tpot=sim_tpot, tpot_jitter=jitter))
+            recorded.extend(engine_times(engine, prompts, tokens, runs, concurrency))
+        return timeline_for(texts[answer], sim_tpot, rng, recorded[run][answer])
+
     return Source("builtin", prompts, texts,
-                  lambda: create_engine_app(EngineConfig(ttft=0.0, tpot=tpot, tpot_jitter=jitter)),
-                  lambda run, answer, rng: timeline_for(texts[answer], sim_tpot, rng))
+                  lambda: create_engine_app(EngineConfig(ttft=0.0, tpot=tpot, tpot_jitter=jitter)), timeline)
+
+
+def engine_times(engine: App, prompts: list[str], tokens: int, runs: int, concurrency: int) -> list[list[list[float]]]:
+    """``[run][answer]``: when each content chunk left ``engine`` (seconds from the first), ``concurrency``
+    streams at once, run by run."""
+    app = timed_app(engine)
+    asks = [(run, a, p) for run in range(runs) for a, p in enumerate(prompts)]
+
+    async def main() -> list[list[list[float]]]:
+        out = [[[] for _ in prompts] for _ in range(runs)]
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(run: int, answer: int, prompt: str) -> None:
+            async with sem:
+                times = (await sse_stream(app, prompt, tokens, answer)).generated
+                out[run][answer] = [t - times[0] for t in times]
+
+        await asyncio.gather(*(one(*ask) for ask in asks))
+        return out
+
+    return asyncio.run(main())
 
 
 # ---- SSE: the real middleware in process --------------------------------------------------------------------
@@ -139,6 +174,7 @@ async def sse_stream(app: Any, prompt: str, tokens: int, answer: int) -> Observe
     await app(scope, receive, send)
     done.set()
     seen.latency = [o - g for o, g in zip(out_events, generated)]
+    seen.generated = generated
     return seen
 
 
@@ -146,9 +182,8 @@ _TIMES = "eloquent.bench.generated"
 """Scope key: the list the timed engine appends each content chunk's send time to (generation times)."""
 
 
-def sse_app(mode: str, tick: float, inner: App, growth: float = SSE_GROWTH) -> EloquentMiddleware:
-    """``inner`` (an answer source's app) behind the middleware; its content chunks are timed as they leave it."""
-    engine = inner
+def timed_app(engine: App) -> App:
+    """``engine`` (an answer source's app) with its content chunks timed as they leave it (``sse_stream``)."""
 
     async def timed(scope: Any, receive: Any, send: Any) -> None:
         mine: list[float] = scope.get(_TIMES, [])
@@ -162,7 +197,12 @@ def sse_app(mode: str, tick: float, inner: App, growth: float = SSE_GROWTH) -> E
 
         await engine(scope, receive, timed_send)
 
-    app = EloquentMiddleware(timed, StreamConfig(padding=mode, send_tick=tick, keepalive=0.0, resume=False))
+    return timed
+
+
+def sse_app(mode: str, tick: float, inner: App, growth: float = SSE_GROWTH) -> EloquentMiddleware:
+    """``inner`` (an answer source's app) behind the middleware; its content chunks are timed as they leave it."""
+    app = EloquentMiddleware(timed_app(inner), StreamConfig(padding=mode, send_tick=tick, keepalive=0.0, resume=False))
     if app.padding is not None and growth != SSE_GROWTH:
         app.padding = sse_policy(mode, growth)  # the bench's classes, not the server's default
     return app
@@ -198,17 +238,22 @@ def observe_sse(mode: str, tick: float, source: Source, runs: int, tokens: int, 
 
 
 # ---- datagrams: the real sender in the simulator -------------------------------------------------------------
-def timeline_for(texts: list[str], tpot: float, rng: random.Random) -> Timeline:
+def timeline_for(texts: list[str], tpot: float, rng: random.Random, times: list[float] | None = None) -> Timeline:
+    """``texts`` as OpenAI chunks at ``times`` (the engine's, ``engine_times``; None: drawn at ``tpot``)."""
     base = generate_timeline(TokenModel(tokens=len(texts), tpot=tpot), rng)
     prefix = base.payloads[0].decode()
     prefix = prefix[: prefix.index('"content":') + len('"content":')]
     payloads = tuple((prefix + json.dumps(t) + '},"finish_reason":null}]}\n\n').encode() for t in texts)
-    return Timeline(base.times, tuple(texts), payloads, base.end_payload)
+    if times is not None and len(times) != len(texts):
+        raise SystemExit(f"bench leak: the engine sent {len(times)} content chunks for an answer of {len(texts)}")
+    return Timeline(base.times if times is None else tuple(times), tuple(texts), payloads, base.end_payload)
 
 
 def observe_datagrams(mode: str, source: Source, runs: int, scenario: Scenario, seed: int,
                       progress: Callable[[str], None], floor: int = DATAGRAM_FLOOR,
-                      growth: float = DATAGRAM_GROWTH) -> tuple[list[Observed], float]:
+                      growth: float = DATAGRAM_GROWTH, tick: float = 0.0) -> tuple[list[Observed], float]:
+    """Every answer ``runs`` times through the simulated sender (``mode`` padding, ``tick``: ``--send-tick``);
+    also the CPU seconds per event. Each token's latency is from its generation to the first datagram with it."""
     policy = datagram_policy(mode, BUDGET, floor, growth) if mode != "off" else None
     out: list[Observed] = []
     cpu = time.process_time()
@@ -220,6 +265,7 @@ def observe_datagrams(mode: str, source: Source, runs: int, scenario: Scenario, 
             seeds = StreamSeeds.derive(seed, run * len(source.prompts) + answer)
             seen = Observed(answer)
             newest = -1
+            born = timeline.times
 
             def observe(now: float, datagram: bytes) -> None:
                 nonlocal newest
@@ -229,12 +275,13 @@ def observe_datagrams(mode: str, source: Source, runs: int, scenario: Scenario, 
                 top = packet.entries[-1].index if isinstance(packet, DataPacket) else -1
                 fresh = top == newest + 1 and top < len(words)
                 seen.token_lengths.append(len(words[top].encode()) if fresh else None)
+                seen.latency.extend(now - born[i] for i in range(newest + 1, min(top + 1, len(born))))
                 newest = max(newest, top)
                 seen.raw_bytes += len(encode_packet(packet))  # the same packet without its padding
 
-            result = run_eloquent(scenario, timeline, seeds, None, padding=policy, observe=observe)
+            result = run_eloquent(scenario, timeline, seeds, None, padding=policy, observe=observe, send_tick=tick)
             seen.stall = stall_metrics(result.generated, result.rendered, result.min_delay).stall_ratio
             out.append(seen)
     cpu = time.process_time() - cpu
-    progress(f"datagram {mode}: {len(out)} streams")
+    progress(f"datagram {mode}{' tick' if tick else ''}: {len(out)} streams")
     return out, cpu / max(1, sum(len(t) for t in source.texts) * runs)

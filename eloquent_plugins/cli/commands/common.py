@@ -68,8 +68,9 @@ def add_server_settings(parser: argparse.ArgumentParser) -> None:
                 "observer of the encrypted connection cannot read token lengths: bucket = size classes ~1.25x "
                 "(SSE) or 1.5x (datagrams) apart, constant = one size (docs/SECURITY.md)")
     add_setting(parser, "--send-tick", type=numbers.seconds, default=_D.send_tick, metavar="SECONDS",
-                help="write SSE events only at multiples of this tick (events that come meanwhile go in one write), "
-                "so write times follow the clock rather than the tokens; adds up to one tick of latency; 0 = off")
+                help="send only at multiples of this tick, so send times follow the clock rather than the tokens: SSE "
+                "writes (events that come meanwhile go in one write) and HTTP/3 Eloquent datagrams (new events, "
+                "probes and keep-alives alike); adds up to one tick of latency; 0 = off")
     add_setting(parser, "--drain-timeout", type=numbers.seconds, default=_D.drain_timeout, metavar="SECONDS",
                 help="on SIGTERM or POST /eloquent/drain: /ready turns 503, new streams get 503 + Retry-After, "
                 "streams in flight run on this long, then are handed over (clients resume on another replica) "

@@ -38,7 +38,7 @@ from eloquent_plugins.h3glue.common import (
     peer_closed,
     stream_send_backlog,
 )
-from eloquent_plugins.transports.asgi import HOOKS_EXTENSION
+from eloquent_plugins.transports.asgi import HOOKS_EXTENSION, PACING_EXTENSION
 from eloquent_plugins.transports.http3.guards import (
     STREAM_HIGH_WATER,
     Rejection,
@@ -239,6 +239,8 @@ class Http3Connection(H3Protocol):
         scope["extensions"][HOOKS_EXTENSION] = {  # an EloquentMiddleware in the app claims the hooks (request.py)
             "transport": "eloquent" if scheme is not Scheme.STREAM and self.peer_accepts_datagrams else transport,
             "claimed": False}
+        if self.state.config.send_tick and scheme is not Scheme.STREAM and self.peer_accepts_datagrams:
+            scope["extensions"][PACING_EXTENSION] = self.state.config.send_tick  # its senders pace (request.py)
         if ended:
             request.on_body(b"", True)
         else:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from dataclasses import replace
 from typing import Any, Protocol
 
 from eloquent_plugins.core.codecs.base import Codec
@@ -22,8 +21,9 @@ from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.protocol import (DATAGRAM, H3_INTERNAL_ERROR, H3_NO_ERROR, H3_REQUEST_CANCELLED,
                                             REQUEST_ID_HEADER, TRANSPORT_HEADER)
 from eloquent_plugins.core.response_stream import EloquentResponseStream
-from eloquent_plugins.core.padding import REQUEST_HEAD_MAX, datagram_policy, declined
-from eloquent_plugins.core.scheme import Scheme, sender_config_for
+from eloquent_plugins.core.pacing import next_tick
+from eloquent_plugins.core.padding import REQUEST_HEAD_MAX
+from eloquent_plugins.core.scheme import Scheme
 from eloquent_plugins.core.sse_reader import SSEParser
 from eloquent_plugins.core.sse_writer import format_event
 from eloquent_plugins.h3glue.common import CONNECTION_SPECIFIC
@@ -256,11 +256,7 @@ class Request:
 
     def _open_eloquent(self) -> EloquentResponseStream:
         conn = self.conn
-        config = sender_config_for(self.scheme, limits=conn.limits, keepalive=conn.state.config.keepalive_policy)
-        if conn.state.options.sender_redundancy is not None and self.scheme is Scheme.ELOQUENT:
-            config = replace(config, redundancy=conn.state.options.sender_redundancy)
-        if conn.state.config.padding != "off" and not declined(self.codec.name, self.body_head):
-            config = replace(config, padding=datagram_policy(conn.state.config.padding, conn.limits.max_datagram_size))
+        config = conn.state.sender_config(self.scheme, conn.limits, self.codec.name, self.body_head)
         return EloquentResponseStream(
             self.stream_id, config, now=conn.loop.time(), fallback_after=conn.state.options.fallback_after,
             ack_timeout=conn.state.config.send_timeout or 30.0, supersede=self.scheme is Scheme.ELOQUENT,
@@ -280,11 +276,19 @@ class Request:
                 if hooks is not None:
                     hooks.end("error")
                 raise
-            if not more:
-                self.finish_eloquent(stream.finish(now))
-                if hooks is not None:
-                    hooks.end("complete")
-            conn.pump_stream(self.stream_id)  # at once: a token waiting for the next loop turn renders late
+            if more:
+                conn.pump_stream(self.stream_id)  # at once: a token waiting for the next loop turn renders late
+                return
+            trailer = stream.finish(now)
+            if tick := conn.state.config.send_tick:  # the trailer leaves with the final run, on the tick
+                conn.pump_stream(self.stream_id)
+                await asyncio.sleep(next_tick(now, tick) - now)
+                if self.gone or conn.terminated:
+                    return
+            self.finish_eloquent(trailer)
+            if hooks is not None:
+                hooks.end("complete")
+            conn.pump_stream(self.stream_id)
             return
         if self.sse is not None:
             messages = self.sse.feed(body)

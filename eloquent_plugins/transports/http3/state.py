@@ -4,10 +4,14 @@ each connection reads it, and neither module imports the other for it."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from eloquent_plugins.core.codecs.router import CodecRouter
+from eloquent_plugins.core.limits import Limits
+from eloquent_plugins.core.padding import datagram_policy, declined
+from eloquent_plugins.core.scheme import Scheme, sender_config_for
+from eloquent_plugins.core.sender_config import SenderConfig
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.transports.drain import DrainState
 from eloquent_plugins.transports.http3.options import FrontEndOptions
@@ -47,6 +51,17 @@ class ServerState:
                 conn.goaway()
             elif state is DrainState.DONE:
                 conn.close_drained(force=bool(self.drain is not None and self.drain.handed_over))
+
+    def sender_config(self, scheme: Scheme, limits: Limits, codec: str, body_head: bytearray | None) -> SenderConfig:
+        """One Eloquent response's sender: the scheme's, with the listener's redundancy, ``--padding`` (unless the
+        request's body declines it: ``include_obfuscation: false``) and ``--send-tick`` (datagrams only at its
+        multiples)."""
+        config = sender_config_for(scheme, limits=limits, keepalive=self.config.keepalive_policy)
+        if self.options.sender_redundancy is not None and scheme is Scheme.ELOQUENT:
+            config = replace(config, redundancy=self.options.sender_redundancy)
+        if self.config.padding != "off" and not declined(codec, body_head):
+            config = replace(config, padding=datagram_policy(self.config.padding, limits.max_datagram_size))
+        return replace(config, send_tick=self.config.send_tick) if self.config.send_tick else config
 
     def record(self, request_id: str, times: list[float]) -> None:
         if not self.options.record_timings:

@@ -16,7 +16,7 @@ from eloquent_plugins.core.continuation import MAX_RECORD_BYTES
 from eloquent_plugins.core.hooks.manager import StreamHooks
 from eloquent_plugins.core.hooks.specs import StreamInfo
 from eloquent_plugins.core.padding import response_padding
-from eloquent_plugins.transports.asgi import HOOKS_EXTENSION, Message, Receive, Scope, Send
+from eloquent_plugins.transports.asgi import HOOKS_EXTENSION, Message, Receive, Scope, Send, paced_by_server
 from eloquent_plugins.transports.metrics import transport_label
 from eloquent_plugins.transports.resume.base import StreamMeta
 from eloquent_plugins.transports.resume.local import LocalSource
@@ -208,7 +208,7 @@ class Exchange:
                                coalesce=mw.config.coalesce, max_queued=mw.config.max_queued_bytes,
                                socket=socket_control(scope),
                                padding=response_padding(mw.padding, codec.name, label, self.relay.body_head),
-                               send_tick=mw.config.send_tick)
+                               send_tick=0.0 if paced_by_server(scope) else mw.config.send_tick)
         self.producer.path.attach(self.conn, self.producer.feed)
         self.write = self.producer.path.write
         mw.budget.add_reader(stream_log, self.conn)

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from eloquent_plugins.core.protocol import BadEventId, ResumePoint, parse_event_id
-from eloquent_plugins.transports.asgi import Receive, Scope, Send
+from eloquent_plugins.transports.asgi import Receive, Scope, Send, paced_by_server
 from eloquent_plugins.transports.metrics import transport_label
 from eloquent_plugins.transports.resume.base import ReplaySource, ResumeStore
 from eloquent_plugins.transports.resume.local import LocalSource
@@ -167,7 +167,7 @@ async def _replay(mw: ResumeHost, scope: Scope, receive: Receive, send: Send, so
                       renew_lease=lambda: _renew(store, point.token, consumer, mw.lease_ttl),
                       lease_every=mw.lease_ttl / 3, max_queued=mw.config.max_queued_bytes,
                       socket=socket_control(scope), padding=mw.padding,
-                      send_tick=mw.config.send_tick)
+                      send_tick=0.0 if paced_by_server(scope) else mw.config.send_tick)
     local_log = source.log if isinstance(source, LocalSource) else None
     if local_log is not None:
         mw.budget.add_reader(local_log, conn)
