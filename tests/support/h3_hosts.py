@@ -13,6 +13,7 @@ from typing import Any
 from eloquent_plugins.core.codecs import BUILTIN_CODECS
 from eloquent_plugins.core.codecs.router import CodecRouter
 from eloquent_plugins.core.protocol import H3_NO_ERROR
+from eloquent_plugins.transports.body_budget import HeldBody
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.transports.http3.guards import Rejection, connection_limits
 from eloquent_plugins.transports.http3.options import FrontEndOptions
@@ -175,6 +176,9 @@ class RecordingSessionHost:
 
     def drop_stream(self, stream_id: int) -> None:
         self.dropped.append(stream_id)
+
+    def hold_body(self) -> HeldBody:
+        return self.state.held.open(self, "127.0.0.1")
 
     def open_request(self, stream_id: int, method: bytes | None, path: bytes | None,
                      headers: list[tuple[bytes, bytes]], *, ended: bool, transport: str = "h3",

@@ -39,6 +39,7 @@ from eloquent_plugins.h3glue.common import (
     stream_send_backlog,
 )
 from eloquent_plugins.transports.asgi import HOOKS_EXTENSION
+from eloquent_plugins.transports.body_budget import HeldBody
 from eloquent_plugins.transports.http3.guards import (
     STREAM_HIGH_WATER,
     Rejection,
@@ -231,8 +232,12 @@ class Http3Connection(H3Protocol):
         refusal = refusal or admit(self.state.config, method=method, path=path, bad_scheme=bad_scheme,
                                    running=sum(1 for r in self.requests.values() if r.task is not None),
                                    content_length=dict(headers).get(b"content-length"))
+        if refusal is None and not ended:
+            refusal = request.body.hold(self.hold_body())  # its body comes after the head: held until it is in
         if refusal is not None:
             request.reject(refusal)
+            if not ended:
+                self.stop_reading(stream_id)  # the answer is complete without the rest of the body
             return None
         request.hooks = StreamHooks(self.state.plugin_manager, StreamInfo(
             request.request_id, route=scope["path"], transport=transport, codec="raw"))
@@ -245,6 +250,11 @@ class Http3Connection(H3Protocol):
             request.arm_body_timer()
         request.task = self.loop.create_task(request.run())
         return request
+
+    def hold_body(self) -> HeldBody:
+        """A place in the server's ledger of incomplete bodies and heads, for this connection and its address."""
+        address = peer_address(self.quic)
+        return self.state.held.open(self, str(address[0]) if address else None)
 
     def request_done(self, request: Request) -> None:
         """The app task ended; an Eloquent stream lives on until acked or fallen back."""
@@ -365,6 +375,7 @@ class Http3Connection(H3Protocol):
             self.webtransport.close()
         for request in self.requests.values():
             request.cancel_body_timer()
+            request.body.release()
         tasks = [r.task for r in self.requests.values() if r.task is not None]
         for task in tasks:
             task.cancel()
