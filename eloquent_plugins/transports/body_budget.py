@@ -189,24 +189,26 @@ class HeldBody:
         self.held = 0
         self.released = False
 
-    def hold(self, size: int) -> BodyRefusal | None:
+    def hold(self, size: int, *, expected: int = 0) -> BodyRefusal | None:
         """Count ``size`` more bytes arriving in one chunk (the first call also the reserve; ``hold(0)`` only
-        that). A refusal, counted, when a ceiling would be passed: nothing more is counted, the caller refuses the
-        request and releases it."""
+        that); ``expected``: bytes the request declared still to come (its ``content-length``), checked against the
+        ceilings now but not counted, so that a body that cannot fit is refused before its bytes come. A refusal,
+        counted, when a ceiling would be passed: nothing more is counted, the caller refuses the request and
+        releases it."""
         if self.released:
             return None
-        size = size + CHUNK_OVERHEAD if size else 0
+        add = size + CHUNK_OVERHEAD if size else 0
         if not self.held:
-            size += self.ledger.reserve
+            add += self.ledger.reserve
         ledger = self.ledger
-        refusal = ledger._refusal(self, size)
+        refusal = ledger._refusal(self, add + expected)
         if refusal is not None:
             ledger.count(refusal.reason)
             return refusal
         if not self.held:
             ledger.bodies += 1
-        self.held += size
-        ledger._add(self, size)
+        self.held += add
+        ledger._add(self, add)
         return None
 
     def release(self) -> None:

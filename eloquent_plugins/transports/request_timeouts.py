@@ -268,10 +268,13 @@ class _BodyDeadline:
     def _hold(self, size: int) -> BodyRefusal | None:
         if self.bodies is None:
             return None
-        if self.held is None:
-            client = self.scope.get("client")
-            self.held = self.bodies.open(tuple(client) if client else self, str(client[0]) if client else None)
-        return self.held.hold(size)
+        if self.held is not None:
+            return self.held.hold(size)
+        client = self.scope.get("client")
+        self.held = self.bodies.open(tuple(client) if client else self, str(client[0]) if client else None)
+        declared = next((v for k, v in self.scope.get("headers", ()) if k == b"content-length"), b"")
+        expected = int(declared) - size if declared.isdigit() and len(declared) <= 18 else 0
+        return self.held.hold(size, expected=max(0, expected))  # a body that cannot fit is refused at its start
 
     def release(self) -> None:
         if self.held is not None:

@@ -229,11 +229,12 @@ class Http3Connection(H3Protocol):
         codec = self.state.codecs.for_path(scope["path"] if path is not None else "")
         request = Request(self, stream_id, scope, scheme, codec)
         self.requests[stream_id] = request
+        declared = dict(headers).get(b"content-length")
         refusal = refusal or admit(self.state.config, method=method, path=path, bad_scheme=bad_scheme,
                                    running=sum(1 for r in self.requests.values() if r.task is not None),
-                                   content_length=dict(headers).get(b"content-length"))
-        if refusal is None and not ended:
-            refusal = request.body.hold(self.hold_body())  # its body comes after the head: held until it is in
+                                   content_length=declared)
+        if refusal is None and not ended:  # its body comes after the head: held until it is in
+            refusal = request.body.hold(self.hold_body(), int(declared) if declared else 0)
         if refusal is not None:
             request.reject(refusal)
             if not ended:

@@ -112,10 +112,11 @@ class BodyGuard:
     def timeout(self) -> float:
         return self.clock.timeout
 
-    def hold(self, held: HeldBody) -> Rejection | None:
-        """The body will arrive after the head: from now on it holds ``held`` (its reserve counted at once)."""
+    def hold(self, held: HeldBody, declared: int = 0) -> Rejection | None:
+        """The body will arrive after the head: from now on it holds ``held`` (its reserve counted at once, its
+        ``declared`` length checked against the ceilings: one that cannot fit is refused before it comes)."""
         self.held = held
-        refusal = held.hold(0)
+        refusal = held.hold(0, expected=declared)
         if refusal is not None:
             self.release()
             return Rejection.of(refusal)
