@@ -10,7 +10,9 @@ QUIC connection with 120 bodies each stopped one byte short held +120 MiB, the s
   beside its bytes, counted per connection, per source address and in all. Past ``max_body_bytes_per_connection``
   or ``max_body_bytes_per_address`` the request is refused (``413`` when this one body alone would pass the
   ceiling, else ``429``: other bodies hold the room); past ``BODY_SHARE`` of ``max_held_bytes`` in all, ``503``.
-  A body that comes whole in one piece (the common case: it arrives with its head) is never held, so never counted.
+  A body that comes whole in one piece (the common case: it arrives with its head) is never refused for what
+  others hold: the ceilings are checked from its first chunk that leaves it incomplete, against what it holds and
+  the rest of its declared length (so one that cannot fit is refused then, not at its end).
 * ``BodyClock``, the pace: no byte for ``body_timeout`` seconds is a stall (``408``, as before); and once
   ``body_rate_grace`` seconds are over, the body must keep up ``body_min_rate`` bytes/s, where bytes sent ahead
   of that pace count for at most ``body_timeout`` seconds (``408``). A byte every 29 s then no longer keeps a body
@@ -189,19 +191,20 @@ class HeldBody:
         self.held = 0
         self.released = False
 
-    def hold(self, size: int, *, expected: int = 0) -> BodyRefusal | None:
+    def hold(self, size: int, *, expected: int = 0, check: bool = True) -> BodyRefusal | None:
         """Count ``size`` more bytes arriving in one chunk (the first call also the reserve; ``hold(0)`` only
-        that); ``expected``: bytes the request declared still to come (its ``content-length``), checked against the
-        ceilings now but not counted, so that a body that cannot fit is refused before its bytes come. A refusal,
-        counted, when a ceiling would be passed: nothing more is counted, the caller refuses the request and
-        releases it."""
+        that); ``expected``: bytes the request declared still to come (the rest of its ``content-length``), checked
+        against the ceilings but not counted, so that a body that cannot fit is refused at its first chunk, not at
+        its last. A refusal, counted, when a ceiling would be passed: nothing more is counted, the caller refuses
+        the request and releases it. ``check`` False counts without refusing: a request head whose body may well
+        come whole in the same packet (a body that does is never held, so never refused for others' bytes)."""
         if self.released:
             return None
         add = size + CHUNK_OVERHEAD if size else 0
         if not self.held:
             add += self.ledger.reserve
         ledger = self.ledger
-        refusal = ledger._refusal(self, add + expected)
+        refusal = ledger._refusal(self, add + expected) if check else None
         if refusal is not None:
             ledger.count(refusal.reason)
             return refusal

@@ -147,6 +147,8 @@ class RecordingSessionHost:
         self.opened: dict[int, RecordedRequest] = {}
         self.dropped: list[int] = []
         self.refusals: list[tuple[int, Rejection]] = []
+        self.discarded: set[int] = set()
+        """Streams a test says aioquic has forgotten (``stream_alive``)."""
         self.on_open: Callable[[RecordedRequest], None] | None = None
 
     @property
@@ -179,6 +181,9 @@ class RecordingSessionHost:
 
     def hold_body(self) -> HeldBody:
         return self.state.held.open(self, "127.0.0.1")
+
+    def stream_alive(self, stream_id: int) -> bool:
+        return stream_id not in self.discarded
 
     def open_request(self, stream_id: int, method: bytes | None, path: bytes | None,
                      headers: list[tuple[bytes, bytes]], *, ended: bool, transport: str = "h3",

@@ -156,10 +156,10 @@ async def never_answers(scope: Any, receive: Any, send: Any) -> None:
         pass
 
 
-def h3_request(host: RecordingRequestHost, stream_id: int) -> Request:
+def h3_request(host: RecordingRequestHost, stream_id: int, declared: int = 0) -> Request:
     scope = http_scope(b"POST", b"/v1/chat/completions", [], client=("127.0.0.1", 1), server=("127.0.0.1", 2))
     request = Request(host, stream_id, scope, Scheme.STREAM, host.state.codecs.for_path(scope["path"]))
-    assert request.body.hold(host.state.held.open(host, "127.0.0.1")) is None
+    request.body.hold(host.state.held.open(host, "127.0.0.1"), declared)
     return request
 
 
@@ -183,6 +183,22 @@ async def test_an_http3_body_over_the_connection_ceiling_gets_429_json_and_stop_
     first.on_body(b"", True)  # the first body is in: it holds nothing any more
     second.disconnect()  # the second's client left
     assert book.held == 0 and book.refused["connection"] == 1
+
+
+async def test_while_the_ledger_is_full_a_body_whole_with_its_head_is_served_and_one_that_cannot_fit_is_refused_at_once(
+        ) -> None:
+    config = StreamConfig(max_request_bytes=80 * KIB, max_body_bytes_per_connection=176 * KIB)
+    host = RecordingRequestHost(server_state(never_answers, config))
+    hogs = [h3_request(host, 0), h3_request(host, 4)]
+    for _ in range(7):
+        for hog in hogs:
+            hog.on_body(b"x" * CHUNK, False)  # ~173 KiB of the connection's 176
+    whole = h3_request(host, 8, declared=500)
+    whole.on_body(b"y" * 500, True)  # its head counted a reserve; its body came whole: never refused
+    assert whole.body.done and not host.wire.of("headers") and host.state.held.held_by(host) < 176 * KIB
+    big = h3_request(host, 12, declared=60 * KIB)
+    big.on_body(b"z" * 1000, False)  # the rest of its declared 60 KiB cannot fit: refused at its first chunk
+    assert host.wire.status(12) == 429 and big.body.done
 
 
 async def test_an_http3_body_trickling_under_the_pace_gets_408_too_slow() -> None:

@@ -36,6 +36,7 @@ from eloquent_plugins.h3glue.common import (
     disable_pacing,
     peer_address,
     peer_closed,
+    stream_alive,
     stream_send_backlog,
 )
 from eloquent_plugins.transports.asgi import HOOKS_EXTENSION
@@ -233,13 +234,11 @@ class Http3Connection(H3Protocol):
         refusal = refusal or admit(self.state.config, method=method, path=path, bad_scheme=bad_scheme,
                                    running=sum(1 for r in self.requests.values() if r.task is not None),
                                    content_length=declared)
-        if refusal is None and not ended:  # its body comes after the head: held until it is in
-            refusal = request.body.hold(self.hold_body(), int(declared) if declared else 0)
         if refusal is not None:
             request.reject(refusal)
-            if not ended:
-                self.stop_reading(stream_id)  # the answer is complete without the rest of the body
             return None
+        if not ended:  # its body comes after the head: held in the ledger until it is in
+            request.body.hold(self.hold_body(), int(declared) if declared else 0)
         request.hooks = StreamHooks(self.state.plugin_manager, StreamInfo(
             request.request_id, route=scope["path"], transport=transport, codec="raw"))
         scope["extensions"][HOOKS_EXTENSION] = {  # an EloquentMiddleware in the app claims the hooks (request.py)
@@ -282,6 +281,9 @@ class Http3Connection(H3Protocol):
             self.forget_if_idle(stream_id)
 
     drop_stream = _drop_eloquent  # a WebTransport session ended: its requests' datagrams stop
+
+    def stream_alive(self, stream_id: int) -> bool:
+        return stream_alive(self.quic, stream_id)
 
     def forget_if_idle(self, stream_id: int) -> None:
         """A stream left the scheduler: its request goes too unless its app is still running."""

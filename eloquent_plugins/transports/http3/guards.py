@@ -96,7 +96,7 @@ class BodyGuard:
     ledger (``HeldBody``: from ``hold`` until it is in, refused or gone) and its pace (``BodyClock``: one lazily
     moved timer per request, not one per chunk)."""
 
-    __slots__ = ("clock", "done", "held", "ledger", "limit", "received")
+    __slots__ = ("clock", "declared", "done", "held", "ledger", "limit", "received")
 
     def __init__(self, config: StreamConfig, now: float, ledger: HeldBodies | None = None) -> None:
         self.limit = config.max_request_bytes
@@ -104,6 +104,8 @@ class BodyGuard:
         """Where refusals are counted (and bodies held, from ``hold``)."""
         self.clock = BodyClock.from_config(config, now)
         self.received = 0
+        self.declared = 0
+        """The request's ``content-length`` (0: none)."""
         self.held: HeldBody | None = None
         self.done = False
         """The body ended, was refused, or is no longer wanted: later chunks are dropped."""
@@ -112,15 +114,12 @@ class BodyGuard:
     def timeout(self) -> float:
         return self.clock.timeout
 
-    def hold(self, held: HeldBody, declared: int = 0) -> Rejection | None:
-        """The body will arrive after the head: from now on it holds ``held`` (its reserve counted at once, its
-        ``declared`` length checked against the ceilings: one that cannot fit is refused before it comes)."""
-        self.held = held
-        refusal = held.hold(0, expected=declared)
-        if refusal is not None:
-            self.release()
-            return Rejection.of(refusal)
-        return None
+    def hold(self, held: HeldBody, declared: int = 0) -> None:
+        """The body comes after the head: from now on it holds ``held``. Its reserve counts at once, but the
+        ceilings are checked only from its first chunk that leaves it incomplete (with the rest of its ``declared``
+        length): a body that comes whole with its head is never refused for what others hold."""
+        self.held, self.declared = held, declared
+        held.hold(0, check=False)
 
     def feed(self, size: int, ended: bool, now: float) -> Rejection | None:
         """Count a chunk; a Rejection when the body went over a limit (the guard is then done)."""
@@ -134,7 +133,8 @@ class BodyGuard:
         if ended:
             self.release()
             return None
-        refusal = self.held.hold(size) if self.held is not None else None
+        refusal = (self.held.hold(size, expected=max(0, self.declared - self.received)) if self.held is not None
+                   else None)
         if refusal is not None:
             self.release()
             return Rejection.of(refusal)

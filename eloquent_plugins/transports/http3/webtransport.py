@@ -48,6 +48,8 @@ log = logging.getLogger("eloquent_plugins.transports.http3")
 
 MAX_HEAD_BYTES = 64 << 10
 """Longest JSON head line a request stream may send (the JS client's limit for the status line too)."""
+CLOSED_PRUNE = 64
+"""Past this many ended request streams remembered, those aioquic has discarded are forgotten (``forget``)."""
 
 
 class SessionRequest(Protocol):
@@ -83,6 +85,7 @@ class SessionHost(Protocol):
     def reset(self, stream_id: int, code: int) -> None: ...
     def stop_reading(self, stream_id: int, code: int = H3_NO_ERROR) -> None: ...
     def drop_stream(self, stream_id: int) -> None: ...
+    def stream_alive(self, stream_id: int) -> bool: ...  # frames for it may still come (aioquic keeps it)
     def hold_body(self) -> HeldBody: ...
     def open_request(self, stream_id: int, method: bytes | None, path: bytes | None,
                      headers: list[tuple[bytes, bytes]], *, ended: bool, transport: str = "h3",
@@ -173,8 +176,9 @@ class WebTransportSessions:
         self.stream_session: dict[int, int] = {}
         """Request stream id -> its session id (for the datagram prefix, the wire, and routing acks)."""
         self.pending: dict[int, PendingHead] = {}
-        self.highest = -1
-        """The highest request stream id seen (client bidirectional stream ids only grow)."""
+        self.closed: set[int] = set()
+        """Request streams that ended here while bytes for them may still arrive (they are dropped). Not "every id
+        below the highest seen": under loss a stream's first bytes can come after a later stream's."""
 
     # ---- sessions ----------------------------------------------------------------------------------------
     def open_session(self, event: HeadersReceived) -> None:
@@ -242,14 +246,13 @@ class WebTransportSessions:
             conn.requests[stream_id].on_body(event.data, event.stream_ended)
             return
         pending = self.pending.get(stream_id)
-        if pending is None and (stream_id in self.stream_session or stream_id <= self.highest):
-            return  # a finished or refused request (stream ids only grow): late bytes are dropped
+        if pending is None and (stream_id in self.stream_session or stream_id in self.closed):
+            return  # a finished or refused request: late bytes are dropped
         session = self.sessions.get(event.session_id)
         if session is None or stream_id % 4 != 0:  # unknown session, or a unidirectional stream: not ours
             conn.stop_reading(stream_id, H3_REQUEST_CANCELLED)
             return
         if pending is None:
-            self.highest = stream_id
             now, config = conn.loop.time(), conn.state.config
             pending = self.pending[stream_id] = PendingHead(
                 event.session_id, conn.hold_body(), BodyClock.from_config(config, now),
@@ -346,6 +349,10 @@ class WebTransportSessions:
         session_id = self.stream_session.pop(stream_id, None)
         if session_id is not None and (session := self.sessions.get(session_id)) is not None:
             session.streams.discard(stream_id)
+        if session_id is not None:
+            self.closed.add(stream_id)
+            if len(self.closed) > CLOSED_PRUNE:
+                self.closed = {s for s in self.closed if self.conn.stream_alive(s)}
 
     def close(self) -> None:
         for pending in self.pending.values():
