@@ -9,7 +9,7 @@ client's alone):
   acknowledged the last);
 * ``tcp``: the same over ``--count`` HTTP/1.1 connections;
 * ``wt``: ``--connections`` QUIC connections with a WebTransport session each, ``--count`` request streams in all,
-  each sending ``--size`` bytes of a head line that never ends.
+  each sending ``--size`` bytes of a head line that never ends (the connections side by side).
 
 One after the other (the next once the server has all of the last) until the server refuses one, then the rest
 at once; every ``--trickle`` seconds one more byte on each request whose bytes are out and that has no answer
@@ -263,7 +263,7 @@ async def attack_wt(args: argparse.Namespace) -> list[Outcome]:
         for session in sessions:
             session.protocol.transmit()
 
-    await run(args, start, trickle, lambda: [o for _, _, o in streams])
+    await run(args, start, trickle, lambda: [o for _, _, o in streams], lanes=args.connections)
     for task in tasks:
         task.cancel()
     for session in sessions:
@@ -275,19 +275,25 @@ async def attack_wt(args: argparse.Namespace) -> list[Outcome]:
 
 
 async def run(args: argparse.Namespace, start: Callable[[int], Any], trickle: Callable[[], None],
-              outcomes: Callable[[], list[Outcome]]) -> None:
-    """Start the requests one after the other (the next once the server has all of the last), until the server
-    refuses one: then the rest at once. A byte every ``--trickle`` seconds meanwhile on each request whose bytes are
-    all out and that has no answer; once everything is out, the same until each has its answer."""
+              outcomes: Callable[[], list[Outcome]], lanes: int = 1) -> None:
+    """Start the requests one after the other in each of ``lanes`` (request ``i`` in lane ``i * lanes // count``:
+    a connection each), the next once the server has all of the last, until the server refuses one: then the rest
+    at once. A byte every ``--trickle`` seconds meanwhile on each request whose bytes are all out and that has no
+    answer; once everything is out, the same until each has its answer."""
     ticker = asyncio.create_task(trickling(args.trickle, trickle))
     pending: list[Callable[[], bool]] = []
-    for i in range(args.count):
-        sent = start(i)
-        if asyncio.iscoroutine(sent):
-            sent = await sent
-        pending.append(sent)
-        if not any(o.answered or o.stopped for o in outcomes()):
-            await until(sent, 60)
+
+    async def lane(indices: range) -> None:
+        for i in indices:
+            sent = start(i)
+            if asyncio.iscoroutine(sent):
+                sent = await sent
+            pending.append(sent)
+            if not any(o.answered or o.stopped for o in outcomes()):
+                await until(sent, 60)
+
+    size = -(-args.count // lanes)
+    await asyncio.gather(*(lane(range(k * size, min(args.count, (k + 1) * size))) for k in range(lanes)))
     await until(lambda: all(done() for done in pending), 120)
     emit({"phase": "sent", "seconds": round(time.monotonic() - STARTED, 1),
           "answered": sum(o.answered for o in outcomes())})

@@ -3,7 +3,7 @@
 body ~1 MB, sent up to 64 bytes short), and 960 WebTransport request heads (60 KiB each) that never end, over 8
 QUIC connections. Each attacker (``tests/support/hostile_bodies.py``, its own process, from 127.0.0.2) then trickles
 a byte every 2 s into every request still open, what kept them alive before (a byte every 29 s against the default
-30 s ``body_timeout``; here 8 s).
+30 s ``body_timeout``; here 8 s, ``ELOQUENT_TEST_BODY_TIMEOUT``).
 
 Measured: the server's RSS (``/proc``), its ledger of incomplete requests (``eloquent_request_bytes_held`` and the
 refusals by reason, ``/eloquent/metrics``), every hostile request's answer, and the gaps between the events of a
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import sys
 import time
@@ -37,7 +38,9 @@ PER_CONNECTION = 6 << 20
 PER_ADDRESS = 8 << 20
 """The ceilings of incomplete requests; all of them together may hold a quarter of the budget (12 MiB), so one
 address alone cannot take that share from everyone else."""
-BODY_TIMEOUT = 8.0
+BODY_TIMEOUT = float(os.environ.get("ELOQUENT_TEST_BODY_TIMEOUT", "8"))
+"""8 s keeps the run short; the issue's WebTransport figure needs the default 30 s (an attacker in Python pushes
+960 heads of 60 KiB in ~15 s here, so with 8 s the first heads expire before the last are in)."""
 ENV = {"ELOQUENT_MAX_HELD_BYTES": str(BUDGET), "ELOQUENT_MAX_BODY_BYTES_PER_CONNECTION": str(PER_CONNECTION),
        "ELOQUENT_MAX_BODY_BYTES_PER_ADDRESS": str(PER_ADDRESS), "ELOQUENT_BODY_TIMEOUT": str(BODY_TIMEOUT),
        "ELOQUENT_BODY_MIN_RATE": "1024", "ELOQUENT_BODY_RATE_GRACE": "2"}

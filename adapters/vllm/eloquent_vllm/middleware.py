@@ -32,6 +32,7 @@ class VllmStreamMiddleware:
         self._settings: EloquentVllmSettings | None = None
         self._http3: Http3Frontend | None = None
         self._drain: Any = None
+        self._bodies: Any = None
         """The stream middleware's drain (``POST /eloquent/drain``, ``/ready``): the HTTP/3 front end follows it."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -63,6 +64,7 @@ class VllmStreamMiddleware:
             stack = wrap(self.app, settings.config, stream_layer=sse_middleware_class(),
                          alt_svc=settings.wants_http3, alt_svc_port=settings.http3_port)
             self._drain = getattr(stack.streams, "drain", None)
+            self._bodies = getattr(stack.streams, "bodies", None)  # incomplete bodies: one ledger for both transports
             register_stream_metrics(stack.streams)  # vLLM's /metrics shows them too; /eloquent/metrics always does
             self._inner = stack.app
         self._settings = settings
@@ -111,7 +113,7 @@ class VllmStreamMiddleware:
             assert settings.config is not None and settings.http3_port is not None
             self._http3 = await Http3Frontend.start(
                 outer_app, host=settings.http3_host, port=settings.http3_port, config=settings.config,
-                drain=self._drain,
+                drain=self._drain, bodies=self._bodies,
             )
         logger.info(
             "eloquent-plugins: stream transport %s active%s",
