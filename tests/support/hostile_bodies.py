@@ -45,6 +45,8 @@ from tests.support.wt_client import open_session
 
 PATH = "/v1/chat/completions"
 POLL = 0.005
+WINDOW = 32
+"""Requests whose bytes are not all out, at most, once the server refused one (``run``)."""
 STARTED = time.monotonic()
 
 
@@ -278,10 +280,17 @@ async def run(args: argparse.Namespace, start: Callable[[int], Any], trickle: Ca
               outcomes: Callable[[], list[Outcome]], lanes: int = 1) -> None:
     """Start the requests one after the other in each of ``lanes`` (request ``i`` in lane ``i * lanes // count``:
     a connection each), the next once the server has all of the last, until the server refuses one: then the rest
-    at once. A byte every ``--trickle`` seconds meanwhile on each request whose bytes are all out and that has no
-    answer; once everything is out, the same until each has its answer."""
+    with up to ``WINDOW`` of them on their way at once (what fills the server is the requests it holds, not a flood
+    of its UDP socket, which ``tests/transports/http3/test_quic_flood.py`` covers). A byte every ``--trickle``
+    seconds meanwhile on each request whose bytes are all out and that has no answer; once everything is out, the
+    same until each has its answer."""
     ticker = asyncio.create_task(trickling(args.trickle, trickle))
     pending: list[Callable[[], bool]] = []
+    flying: list[Callable[[], bool]] = []
+
+    def room() -> bool:
+        flying[:] = [done for done in flying if not done()]
+        return len(flying) < WINDOW
 
     async def lane(indices: range) -> None:
         for i in indices:
@@ -291,6 +300,9 @@ async def run(args: argparse.Namespace, start: Callable[[int], Any], trickle: Ca
             pending.append(sent)
             if not any(o.answered or o.stopped for o in outcomes()):
                 await until(sent, 60)
+            else:
+                flying.append(sent)
+                await until(room, 60)
 
     size = -(-args.count // lanes)
     await asyncio.gather(*(lane(range(k * size, min(args.count, (k + 1) * size))) for k in range(lanes)))

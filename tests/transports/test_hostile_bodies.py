@@ -72,6 +72,8 @@ class Watch:
     peak_rss: int = 0
     peak_held: float = 0.0
     gaps: list[float] = field(default_factory=list)
+    per_stream: list[int] = field(default_factory=list)
+    """The largest gap of each legitimate stream, in ms, in order."""
     streams: int = 0
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -95,7 +97,9 @@ class Watch:
                 async for _ in stream.events():
                     times.append(time.monotonic())
                 assert stream.rendered[-1].data == "[DONE]"
-            self.gaps += [b - a for a, b in zip(times, times[1:], strict=False)]
+            gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+            self.gaps += gaps
+            self.per_stream.append(round(max(gaps, default=0) * 1000))
             self.streams += 1
 
 
@@ -142,7 +146,7 @@ async def attack(mode: str, *args: str, transport: str, ceiling: int) -> tuple[C
           f"ledger peak {watch.peak_held / 2**20:.1f} MiB (ceiling {ceiling >> 20} MiB), at the end "
           f"{metric(text, 'eloquent_request_bytes_held'):.0f}; attacker {records[0]} then done in "
           f"{done['seconds']} s: {dict(outcomes)}; refused {refused}; legitimate: {watch.streams} streams, "
-          f"largest gap {max(watch.gaps, default=0) * 1000:.0f} ms")
+          f"largest gap {max(watch.gaps, default=0) * 1000:.0f} ms (each stream's: {watch.per_stream})")
     assert len(done["outcomes"]) == sum(outcomes.values())
     assert outcomes["none"] == 0  # every hostile request got its answer
     assert outcomes["408 408"] >= 1 and outcomes["429 rate_limit_exceeded"] >= 1  # held, then too slow; over a ceiling
