@@ -250,10 +250,10 @@ class _BodyDeadline:
             async with asyncio.timeout_at(self.clock.deadline()):
                 message = await self._receive()
         except TimeoutError:
-            refusal = self.clock.refusal(loop.time())
+            late = self.clock.refusal(loop.time())
             if self.bodies is not None:
-                self.bodies.count(refusal.reason)
-            return await self._refuse(refusal)
+                self.bodies.count(late.reason)
+            return await self._refuse(late)
         if message["type"] == "http.request" and message.get("more_body", False):
             size = len(message.get("body", b""))
             self.clock.arrived(size, loop.time())
