@@ -120,6 +120,11 @@ def stream_send_backlog(quic: QuicConnection, stream_id: int) -> int:
     return int(sender._buffer_stop - sender._buffer_start)
 
 
+def stream_alive(quic: QuicConnection, stream_id: int) -> bool:
+    """aioquic still keeps the stream: frames for it may still arrive (those of a discarded one never reach us)."""
+    return stream_id in quic._streams
+
+
 def peer_address(quic: QuicConnection) -> tuple[Any, ...] | None:
     """(host, port) of the peer's current network path."""
     paths = quic._network_paths

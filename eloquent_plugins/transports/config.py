@@ -18,6 +18,7 @@ from eloquent_plugins.core.keepalive import KeepAlivePolicy
 from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.pacing import check_tick
 from eloquent_plugins.core.padding import parse_mode
+from eloquent_plugins.transports.body_budget import check_settings
 
 StreamTransport = Literal["sse", "eloquent"]
 
@@ -51,6 +52,18 @@ class StreamConfig:
     the connection opening or from the first byte after a response (0: off)."""
     body_timeout: float = 30.0
     """Seconds the app may wait for the next chunk of a request body before a ``408`` (0: off)."""
+    body_min_rate: int = 1024
+    """Bytes/s a request body (or a WebTransport request head) must keep up once ``body_rate_grace`` is over, bytes
+    sent ahead of the pace counting for at most ``body_timeout`` seconds; slower: ``408`` (0: off). A trickle (a
+    byte every 29 s) then no longer keeps a body alive. See ``transports/body_budget.py``."""
+    body_rate_grace: float = 10.0
+    """Seconds from a request's head before ``body_min_rate`` applies."""
+    max_body_bytes_per_connection: int = 8 << 20
+    """Bytes of incomplete request bodies and WebTransport request heads one connection may have the server hold at
+    once (with a reserve per request); past it ``429`` (``413`` for one body that alone would pass it; 0: off)."""
+    max_body_bytes_per_address: int = 32 << 20
+    """The same over every connection from one source address (behind a proxy: the proxy's; 0: off). All such
+    bytes together count in ``max_held_bytes`` and may take a quarter of it (then ``503``)."""
     max_streams_per_client: int = 0
     """Live SSE streams one caller (credentials, else client IP) may hold at once; above it a ``429``
     (0: unlimited)."""
@@ -91,8 +104,10 @@ class StreamConfig:
             raise ConfigError(f"stream transport must be 'sse' or 'eloquent', got {self.stream_transport!r}")
         for name in ("resume_ttl", "resume_grace", "send_timeout", "header_timeout", "body_timeout",
                      "max_streams_per_client", "max_queued_bytes", "max_held_bytes", "socket_send_buffer",
-                     "drain_timeout"):
+                     "drain_timeout", "body_min_rate", "body_rate_grace", "max_body_bytes_per_connection",
+                     "max_body_bytes_per_address", "max_request_bytes"):
             require_finite(name, getattr(self, name))
+        check_settings(self)
         if self.eloquent_port is not None and not 0 <= self.eloquent_port <= 65535:
             raise ConfigError(f"eloquent_port must be a port number, got {self.eloquent_port}")
         KeepAlivePolicy(self.keepalive, self.keepalive_frame)  # validates both

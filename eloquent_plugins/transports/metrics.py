@@ -153,6 +153,8 @@ class StreamMetrics:
         """Bytes the server buffers for connected clients (``StreamBudget.unsent``), read at scrape time."""
         self.drain: Any = None
         """The app's ``transports.drain.Drain`` (``Drain.attach``): readiness and drained streams, at scrape time."""
+        self.bodies: Any = None
+        """The ledger of incomplete request bodies (``transports.body_budget.HeldBodies``), read at scrape time."""
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         try:
             self.registry.register(self)
@@ -258,12 +260,24 @@ class StreamMetrics:
         yield GaugeMetricFamily(f"{p}_active_connections", "Client connections being served.",
                                 value=self.active_connections)
         yield GaugeMetricFamily(f"{p}_bytes_held", "Bytes the stream logs hold now: replay history, events queued "
-                                "for clients, finished streams kept for resume.",
+                                "for clients, finished streams kept for resume, incomplete request bodies.",
                                 value=self.held() if self.held is not None else 0)
         yield GaugeMetricFamily(f"{p}_bytes_unsent", "Bytes the server buffers for connected clients, written and "
                                 "not yet taken by the kernel (part of the memory budget's count).",
                                 value=self.unsent() if self.unsent is not None else 0)
 
+        bodies = self.bodies
+        if bodies is not None:
+            yield GaugeMetricFamily(f"{p}_request_bytes_held", "Bytes held for incomplete request bodies and "
+                                    "WebTransport request heads, a reserve per request included (part of bytes_held).",
+                                    value=bodies.held)
+            refused = CounterMetricFamily(f"{p}_request_bodies_refused", "Incomplete requests refused, by reason: "
+                                          "too_large (max_request_bytes), connection / address (their ceilings), "
+                                          "budget (the share of max_held_bytes), too_slow (under body_min_rate), "
+                                          "stalled (body_timeout).", labels=["reason"])
+            for reason, count in bodies.refused.items():
+                refused.add_metric([reason], count)
+            yield refused
         drain = self.drain
         if drain is not None:
             yield GaugeMetricFamily(f"{p}_ready", "1 while this replica takes new streams, 0 once it drains.",

@@ -8,13 +8,15 @@ Two pieces, because the two halves of a request are read in different places:
   opening, or of the first byte it sends after a response (the idle gap between two requests is uvicorn's own
   ``timeout_keep_alive`` rule, which this one does not shorten). Late: ``408`` with a JSON body and
   ``Connection: close`` when nothing of that exchange was sent yet, then the connection is closed.
-* ``BodyTimeoutMiddleware``: an ASGI middleware. While the request body is incomplete, an app that waits longer
-  than ``timeout`` seconds for its next chunk gets ``http.disconnect`` (so it stops, and the engine never starts
-  a request for a body it has not got); the client gets ``408`` (JSON, ``Connection: close``) if the response
-  had not started. Anything the app sends afterwards is dropped.
+* ``BodyTimeoutMiddleware``: an ASGI middleware. While the request body is incomplete, an app whose next chunk
+  does not come within ``timeout`` seconds of the last, or comes under ``min_rate`` (``transports/body_budget.py``,
+  ``BodyClock``), gets ``http.disconnect`` (so it stops, and the engine never starts a request for a body it has
+  not got); the client gets ``408`` (JSON, ``Connection: close``) if the response had not started. What the body
+  holds meanwhile counts in the server's ledger (``HeldBodies``): past a ceiling, ``413``/``429``/``503`` the same
+  way. Anything the app sends afterwards is dropped.
 
-The HTTP/3 front end enforces its body timeout itself (``quic/server.py``: ``_Request``); QUIC handshakes and
-idle connections are bounded by the QUIC idle timeout.
+The HTTP/3 front end applies the same rules itself as bytes arrive (``http3/request.py``, ``http3/guards.py``);
+QUIC handshakes and idle connections are bounded by the QUIC idle timeout.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from eloquent_plugins.core.codecs import BUILTIN_CODECS
 from eloquent_plugins.core.codecs.router import CodecRouter
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.transports.asgi import ASGIApp, Message, Receive, Scope, Send
+from eloquent_plugins.transports.body_budget import BodyClock, BodyRefusal, HeldBodies, HeldBody
 from eloquent_plugins.transports.sse.headers import json_error
 from eloquent_plugins.transports.sse.socket_control import SOCKET_EXTENSION, WRITE_HIGH_WATER, socket_extension
 
@@ -180,60 +183,102 @@ def header_timeout_protocol(seconds: float, send_buffer: int = 0) -> type[Header
 
 
 class BodyTimeoutMiddleware:
-    """``408`` and ``http.disconnect`` for a request body that stalls for ``timeout`` seconds (0: off)."""
+    """A request body that stalls for ``timeout`` seconds (0: off) or arrives under ``min_rate`` bytes/s once
+    ``grace`` is over (0: off) gets ``408``; one whose held bytes pass a ceiling of ``bodies`` (the server's ledger
+    of incomplete requests, ``transports/body_budget.py``) gets ``413``/``429``/``503``. Each a JSON body with
+    ``Connection: close`` when the response has not started, and the app sees ``http.disconnect``. HTTP/3
+    requests pass untouched: the front end applies the same rules as their bytes arrive."""
 
-    def __init__(self, app: ASGIApp, timeout: float = 30.0) -> None:
-        if not timeout >= 0:
-            raise ConfigError(f"body timeout must be >= 0, got {timeout}")
+    def __init__(self, app: ASGIApp, timeout: float = 30.0, *, min_rate: float = 0.0, grace: float = 0.0,
+                 bodies: HeldBodies | None = None) -> None:
+        for name, value in (("body timeout", timeout), ("body min rate", min_rate), ("body rate grace", grace)):
+            if not value >= 0:
+                raise ConfigError(f"{name} must be >= 0, got {value}")
         self.app = app
         self.timeout = timeout
+        self.min_rate = min_rate
+        self.grace = grace
+        self.bodies = bodies
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.timeout:
+        if (scope["type"] != "http" or scope.get("http_version") == "3"
+                or not (self.timeout or self.min_rate or self.bodies is not None)):
             await self.app(scope, receive, send)
             return
-        exchange = _BodyDeadline(self.timeout, scope, receive, send)
-        await self.app(scope, exchange.receive, exchange.send)
+        exchange = _BodyDeadline(self, scope, receive, send)
+        try:
+            await self.app(scope, exchange.receive, exchange.send)
+        finally:
+            exchange.release()  # an app that returned (or failed) before the body was in holds none of it
 
 
 class _Body(Enum):
     """Where the request body of one exchange is."""
 
     ARRIVING = "arriving"
-    """Incomplete: each next chunk is due within the timeout."""
+    """Incomplete: it must keep its pace, and what it holds counts in the ledger."""
     COMPLETE = "complete"
     """All in (or not a body message): only the disconnect is left to wait for, with no deadline."""
-    TIMED_OUT = "timed_out"
-    """A chunk came too late: the app is told the client left, and what it sends is dropped."""
+    REFUSED = "refused"
+    """Too late, too slow or over a ceiling: the app is told the client left, and what it sends is dropped."""
 
 _COMPLETE = _Body.COMPLETE  # ``send`` runs per event: a global read, not an Enum attribute lookup
 
 
 class _BodyDeadline:
-    __slots__ = ("_receive", "_send", "body", "scope", "started", "timeout")
+    __slots__ = ("_receive", "_send", "body", "bodies", "clock", "held", "scope", "started")
 
-    def __init__(self, timeout: float, scope: Scope, receive: Receive, send: Send) -> None:
-        self.timeout = timeout
+    def __init__(self, mw: BodyTimeoutMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
         self.scope = scope
         self._receive = receive
         self._send = send
         self.body = _Body.ARRIVING
+        self.bodies = mw.bodies
+        self.clock = BodyClock(mw.timeout, mw.min_rate, mw.grace, asyncio.get_running_loop().time())
+        self.held: HeldBody | None = None
+        """What the body holds in the ledger, from its first chunk that leaves it incomplete."""
         self.started = False
-        """The response has started (the app's, or our 408)."""
+        """The response has started (the app's, or our refusal)."""
 
     async def receive(self) -> Message:
-        if self.body is _Body.TIMED_OUT:
+        if self.body is _Body.REFUSED:
             return dict(_DISCONNECT)
         if self.body is _Body.COMPLETE:
             return await self._receive()  # only the disconnect is left to wait for: no deadline
+        loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(self.timeout):
+            async with asyncio.timeout_at(self.clock.deadline()):
                 message = await self._receive()
         except TimeoutError:
-            return await self._expire()
-        if self.body is _Body.ARRIVING and (message["type"] != "http.request" or not message.get("more_body", False)):
+            late = self.clock.refusal(loop.time())
+            if self.bodies is not None:
+                self.bodies.count(late.reason)
+            return await self._refuse(late)
+        if message["type"] == "http.request" and message.get("more_body", False):
+            size = len(message.get("body", b""))
+            self.clock.arrived(size, loop.time())
+            refusal = self._hold(size)
+            if refusal is not None:
+                return await self._refuse(refusal)
+        elif self.body is _Body.ARRIVING:
             self.body = _Body.COMPLETE
+            self.release()
         return message
+
+    def _hold(self, size: int) -> BodyRefusal | None:
+        if self.bodies is None:
+            return None
+        if self.held is not None:
+            return self.held.hold(size)
+        client = self.scope.get("client")
+        self.held = self.bodies.open(tuple(client) if client else self, str(client[0]) if client else None)
+        declared = next((v for k, v in self.scope.get("headers", ()) if k == b"content-length"), b"")
+        expected = int(declared) - size if declared.isdigit() and len(declared) <= 18 else 0
+        return self.held.hold(size, expected=max(0, expected))  # a body that cannot fit is refused at its start
+
+    def release(self) -> None:
+        if self.held is not None:
+            self.held.release()
 
     def send(self, message: Message) -> Awaitable[None]:
         # Runs once per streamed event: once the body is in, no deadline is left to enforce, so hand the server's
@@ -243,22 +288,26 @@ class _BodyDeadline:
         return self._send_arriving(message)
 
     async def _send_arriving(self, message: Message) -> None:
-        if self.body is _Body.TIMED_OUT:
-            return  # our 408 answered (or the client was cut): the app's own response goes nowhere
+        if self.body is _Body.REFUSED:
+            return  # our refusal answered (or the client was cut): the app's own response goes nowhere
         if message["type"] == "http.response.start":
             self.started = True
         await self._send(message)
 
-    async def _expire(self) -> Message:
-        self.body = _Body.TIMED_OUT
+    async def _refuse(self, refusal: BodyRefusal) -> Message:
+        self.body = _Body.REFUSED
+        self.release()
         client = self.scope.get("client")
         who = f"{client[0]}:{client[1]}" if client else "client"
-        log.info("%s %s %s: no request body data for %.1fs: %s", who, self.scope.get("method"),
-                 self.scope.get("path"), self.timeout, "cut" if self.started else "408")
+        log.info("%s %s %s: %s: %s", who, self.scope.get("method"), self.scope.get("path"), refusal.message,
+                 "cut" if self.started else refusal.status)
         if not self.started:
             self.started = True
-            body = request_timeout_body(f"request body not received: no data for {self.timeout:g} s",
-                                        self.scope.get("path", ""))
-            await self._send({"type": "http.response.start", "status": 408, "headers": _timeout_headers(body)})
+            body = json_error(_ROUTER, self.scope.get("path", ""), refusal.status, refusal.message, refusal.code,
+                              type_=refusal.error_type)[2]
+            headers = _timeout_headers(body)
+            if refusal.retry_after is not None:
+                headers.append((b"retry-after", str(refusal.retry_after).encode()))
+            await self._send({"type": "http.response.start", "status": refusal.status, "headers": headers})
             await self._send({"type": "http.response.body", "body": body, "more_body": False})
         return dict(_DISCONNECT)

@@ -9,8 +9,9 @@ the vLLM plugin (``eloquent_vllm.middleware``) and the gateways (hosted by eithe
 2. ``CorsMiddleware`` (only with allowed origins): a preflight is answered before anything else sees it, and the
    headers the stream id travels in are exposed on both transports.
 3. ``BrowserRoutes``: ``/chat``, ``/eloquent/client.js``, ``/eloquent/cert-hash`` need no body and no stream.
-4. ``BodyTimeoutMiddleware``: a request body that stalls gets a 408 and the app is told the client left, before
-   the stream layer or the engine start a request they have no complete body for.
+4. ``BodyTimeoutMiddleware``: a request body that stalls, falls under its pace or holds more than the ledger of
+   incomplete bodies allows (``Stack.bodies``) is refused and the app is told the client left, before the stream
+   layer or the engine start a request they have no complete body for.
 5. The stream layer (``EloquentMiddleware``): keep-alive, event ids, resume, metrics, drain.
 6. The app itself: the built-in engine, a gateway, vLLM.
 """
@@ -23,6 +24,7 @@ from typing import Any
 
 from eloquent_plugins.transports.alt_svc import AltSvcMiddleware
 from eloquent_plugins.transports.asgi import ASGIApp
+from eloquent_plugins.transports.body_budget import HeldBodies
 from eloquent_plugins.transports.browser import BrowserRoutes
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.transports.cors import CorsMiddleware
@@ -46,6 +48,10 @@ class Stack:
     """The stream layer (its ``drain``, its metrics), or None where it was left out."""
     alt_svc: AltSvcMiddleware | None
     """Set its ``port`` once the HTTP/3 front end is bound; None where no front end runs."""
+    bodies: HeldBodies | None = None
+    """The ledger of incomplete request bodies (the stream layer's, counted in its memory budget): hand it to the
+    HTTP/3 front end (``start_http3_server(bodies=...)``) so both transports share its ceilings; None without the
+    stream layer."""
 
 
 def wrap(app: ASGIApp, config: StreamConfig, *, streams: bool = True, stream_layer: Any = None,
@@ -58,7 +64,7 @@ def wrap(app: ASGIApp, config: StreamConfig, *, streams: bool = True, stream_lay
     of the stream layer (default ``EloquentMiddleware``; vLLM's plugin may load another), built as
     ``Class(app, config=config)`` plus ``plugin_manager`` / ``drain`` where given. ``alt_svc`` adds the
     advertisement of the HTTP/3 port (``alt_svc_port``, or set later on ``Stack.alt_svc``)."""
-    layer = None
+    layer = bodies = None
     if streams:
         if stream_layer is None:
             from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
@@ -67,14 +73,18 @@ def wrap(app: ASGIApp, config: StreamConfig, *, streams: bool = True, stream_lay
         options = {name: value for name, value in (("plugin_manager", plugin_manager), ("drain", drain))
                    if value is not None}
         app = layer = stream_layer(app, config=config, **options)
-        app = BodyTimeoutMiddleware(app, config.body_timeout)
+        bodies = getattr(layer, "bodies", None)
+        if not isinstance(bodies, HeldBodies):  # a stream layer of another make: a ledger outside its budget
+            bodies = HeldBodies.from_config(config)
+        app = BodyTimeoutMiddleware(app, config.body_timeout, min_rate=config.body_min_rate,
+                                    grace=config.body_rate_grace, bodies=bodies)
         app = BrowserRoutes(app, certfile=config.certfile)
     if cors_origins:
         app = CorsMiddleware(app, cors_origins)
     advertise = None
     if alt_svc:
         app = advertise = AltSvcMiddleware(app, alt_svc_port)
-    return Stack(app, layer, advertise)
+    return Stack(app, layer, advertise, bodies)
 
 
 def layers(app: Any, *, stream_layer: type | None = None) -> list[str]:

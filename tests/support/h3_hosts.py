@@ -13,6 +13,7 @@ from typing import Any
 from eloquent_plugins.core.codecs import BUILTIN_CODECS
 from eloquent_plugins.core.codecs.router import CodecRouter
 from eloquent_plugins.core.protocol import H3_NO_ERROR
+from eloquent_plugins.transports.body_budget import HeldBody
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.transports.http3.guards import Rejection, connection_limits
 from eloquent_plugins.transports.http3.options import FrontEndOptions
@@ -146,6 +147,8 @@ class RecordingSessionHost:
         self.opened: dict[int, RecordedRequest] = {}
         self.dropped: list[int] = []
         self.refusals: list[tuple[int, Rejection]] = []
+        self.discarded: set[int] = set()
+        """Streams a test says aioquic has forgotten (``stream_alive``)."""
         self.on_open: Callable[[RecordedRequest], None] | None = None
 
     @property
@@ -175,6 +178,12 @@ class RecordingSessionHost:
 
     def drop_stream(self, stream_id: int) -> None:
         self.dropped.append(stream_id)
+
+    def hold_body(self) -> HeldBody:
+        return self.state.held.open(self, "127.0.0.1")
+
+    def stream_alive(self, stream_id: int) -> bool:
+        return stream_id not in self.discarded
 
     def open_request(self, stream_id: int, method: bytes | None, path: bytes | None,
                      headers: list[tuple[bytes, bytes]], *, ended: bool, transport: str = "h3",

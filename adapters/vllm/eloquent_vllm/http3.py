@@ -24,12 +24,15 @@ class Http3Frontend:
     port: int
 
     @classmethod
-    async def start(cls, app: Any, *, host: str, port: int, config: StreamConfig, drain: Any = None) -> Http3Frontend:
-        """``drain``: the stream middleware's (GOAWAY when it begins, connections closed when it is done); passed
-        only when given, so a replacement starter without the parameter keeps working."""
+    async def start(cls, app: Any, *, host: str, port: int, config: StreamConfig, drain: Any = None,
+                    bodies: Any = None) -> Http3Frontend:
+        """``drain``: the stream middleware's (GOAWAY when it begins, connections closed when it is done);
+        ``bodies``: its ledger of incomplete request bodies (both transports count against the same ceilings).
+        Each passed only when given, so a replacement starter without the parameter keeps working."""
         starter = http3_server_starter()
+        extra = {name: value for name, value in (("drain", drain), ("bodies", bodies)) if value is not None}
         try:
-            handle = await starter(app, host=host, port=port, config=config, **({"drain": drain} if drain else {}))
+            handle = await starter(app, host=host, port=port, config=config, **extra)
         except Exception as exc:  # OSError (port in use), ConfigError (certificate), ...: re-raised, typed
             raise Http3StartError(f"cannot start HTTP/3 on udp {host}:{port}: {exc}") from exc
         if not callable(getattr(handle, "close", None)):

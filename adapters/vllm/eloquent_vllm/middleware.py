@@ -38,6 +38,8 @@ class VllmStreamMiddleware:
         follows it."""
         self._exit_task: Any = None
         """Waits for the drain, then hands the process to vLLM's shutdown (``sigterm.drain_on_sigterm``)."""
+        self._bodies: Any = None
+        """The stream middleware's ledger of incomplete request bodies: the HTTP/3 front end counts in it too."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -68,6 +70,7 @@ class VllmStreamMiddleware:
             stack = wrap(self.app, settings.config, stream_layer=sse_middleware_class(),
                          alt_svc=settings.wants_http3, alt_svc_port=settings.http3_port)
             self._drain = getattr(stack.streams, "drain", None)
+            self._bodies = getattr(stack.streams, "bodies", None)  # incomplete bodies: one ledger for both transports
             register_stream_metrics(stack.streams)  # vLLM's /metrics shows them too; /eloquent/metrics always does
             self._inner = stack.app
         self._settings = settings
@@ -116,7 +119,7 @@ class VllmStreamMiddleware:
             assert settings.config is not None and settings.http3_port is not None
             self._http3 = await Http3Frontend.start(
                 outer_app, host=settings.http3_host, port=settings.http3_port, config=settings.config,
-                drain=self._drain,
+                drain=self._drain, bodies=self._bodies,
             )
         log_like_vllm()
         if self._drain is not None:

@@ -60,6 +60,19 @@ def add_server_settings(parser: argparse.ArgumentParser) -> None:
     add_setting(parser, "--body-timeout", type=numbers.seconds, default=_D.body_timeout, metavar="SECONDS",
                 help="answer 408 and stop the request when its body stalls this long, HTTP/1.1 and HTTP/3; "
                 "0 turns it off")
+    add_setting(parser, "--body-min-rate", type=numbers.count, default=_D.body_min_rate, metavar="BYTES_PER_S",
+                help="a request body (or WebTransport request head) must keep up this many bytes/s once "
+                "--body-rate-grace is over, bytes sent ahead counting for at most --body-timeout; slower: 408, "
+                "HTTP/1.1 and HTTP/3; 0 turns it off")
+    add_setting(parser, "--body-rate-grace", type=numbers.seconds, default=_D.body_rate_grace, metavar="SECONDS",
+                help="seconds from a request's head before --body-min-rate applies")
+    add_setting(parser, "--max-body-bytes-per-connection", type=numbers.count,
+                default=_D.max_body_bytes_per_connection, metavar="BYTES",
+                help="bytes of incomplete request bodies and WebTransport heads one connection may have the server "
+                "hold at once; past it 429 (413 for one body alone over it); 0 = unlimited")
+    add_setting(parser, "--max-body-bytes-per-address", type=numbers.count, default=_D.max_body_bytes_per_address,
+                metavar="BYTES", help="the same over all connections from one client address (behind a proxy: the "
+                "proxy's); 0 = unlimited. All of them together may take a quarter of the memory budget (then 503)")
     add_setting(parser, "--max-streams-per-client", type=numbers.count, default=_D.max_streams_per_client,
                 metavar="N", help="live SSE streams one caller (credentials, else client IP) may hold; above it "
                 "429; 0 = unlimited")
@@ -91,7 +104,8 @@ def stream_config(args: argparse.Namespace, **overrides: object) -> StreamConfig
     """The shared settings (already resolved CLI > environment > default) over ``StreamConfig.from_env``."""
     values: dict[str, object] = {}
     for name in ("keepalive", "eloquent_port", "certfile", "keyfile", "resume_store", "header_timeout",
-                 "body_timeout", "max_streams_per_client", "padding", "send_tick", "drain_timeout"):
+                 "body_timeout", "body_min_rate", "body_rate_grace", "max_body_bytes_per_connection",
+                 "max_body_bytes_per_address", "max_streams_per_client", "padding", "send_tick", "drain_timeout"):
         if getattr(args, name, None) is not None:
             values[name] = getattr(args, name)
     transport = getattr(args, "stream_transport", None)

@@ -108,7 +108,7 @@ async def serve(args: argparse.Namespace, config) -> int:  # type: ignore[no-unt
                                           options=FrontEndOptions.from_env(
                                               retry=args.quic_retry, cors_origins=parse_origins(args.cors_origin),
                                               page_ports=(args.port,), server_id=args.server_id),
-                                          drain=drain)
+                                          drain=drain, bodies=stack.bodies)
         except OSError as exc:  # certificate trouble is a ConfigError already: this is the bind
             raise listen_error(exc, "udp", args.host, udp_port) from None
         log.info("HTTP/3 (Eloquent datagrams) on udp://%s:%s", args.host, h3.port)

@@ -36,9 +36,11 @@ from eloquent_plugins.h3glue.common import (
     disable_pacing,
     peer_address,
     peer_closed,
+    stream_alive,
     stream_send_backlog,
 )
 from eloquent_plugins.transports.asgi import HOOKS_EXTENSION, PACING_EXTENSION
+from eloquent_plugins.transports.body_budget import HeldBody
 from eloquent_plugins.transports.http3.guards import (
     STREAM_HIGH_WATER,
     Rejection,
@@ -228,12 +230,15 @@ class Http3Connection(H3Protocol):
         codec = self.state.codecs.for_path(scope["path"] if path is not None else "")
         request = Request(self, stream_id, scope, scheme, codec)
         self.requests[stream_id] = request
+        declared = dict(headers).get(b"content-length")
         refusal = refusal or admit(self.state.config, method=method, path=path, bad_scheme=bad_scheme,
                                    running=sum(1 for r in self.requests.values() if r.task is not None),
-                                   content_length=dict(headers).get(b"content-length"))
+                                   content_length=declared)
         if refusal is not None:
             request.reject(refusal)
             return None
+        if not ended:  # its body comes after the head: held in the ledger until it is in
+            request.body.hold(self.hold_body(), int(declared) if declared else 0)
         request.hooks = StreamHooks(self.state.plugin_manager, StreamInfo(
             request.request_id, route=scope["path"], transport=transport, codec="raw"))
         scope["extensions"][HOOKS_EXTENSION] = {  # an EloquentMiddleware in the app claims the hooks (request.py)
@@ -247,6 +252,11 @@ class Http3Connection(H3Protocol):
             request.arm_body_timer()
         request.task = self.loop.create_task(request.run())
         return request
+
+    def hold_body(self) -> HeldBody:
+        """A place in the server's ledger of incomplete bodies and heads, for this connection and its address."""
+        address = peer_address(self.quic)
+        return self.state.held.open(self, str(address[0]) if address else None)
 
     def request_done(self, request: Request) -> None:
         """The app task ended; an Eloquent stream lives on until acked or fallen back."""
@@ -273,6 +283,9 @@ class Http3Connection(H3Protocol):
             self.forget_if_idle(stream_id)
 
     drop_stream = _drop_eloquent  # a WebTransport session ended: its requests' datagrams stop
+
+    def stream_alive(self, stream_id: int) -> bool:
+        return stream_alive(self.quic, stream_id)
 
     def forget_if_idle(self, stream_id: int) -> None:
         """A stream left the scheduler: its request goes too unless its app is still running."""
@@ -367,6 +380,7 @@ class Http3Connection(H3Protocol):
             self.webtransport.close()
         for request in self.requests.values():
             request.cancel_body_timer()
+            request.body.release()
         tasks = [r.task for r in self.requests.values() if r.task is not None]
         for task in tasks:
             task.cancel()

@@ -82,7 +82,7 @@ class Request:
         self.request_id = os.urandom(8).hex()
         self.state = RequestState.PENDING
         self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.body = BodyGuard(conn.state.config, conn.loop.time())
+        self.body = BodyGuard(conn.state.config, conn.loop.time(), conn.state.held)
         self.eloquent: EloquentResponseStream | None = None
         self.sse: SSEParser | None = None
         self.generated: list[float] = []
@@ -115,6 +115,7 @@ class Request:
 
     def disconnect(self) -> None:
         self.cancel_timers()
+        self.body.release()  # what the body held is freed on every way out (its chunks go with the app's task)
         if not self.gone:
             self.state = RequestState.DISCONNECTED
             self.messages.put_nowait({"type": "http.disconnect"})
@@ -136,7 +137,7 @@ class Request:
             return
         refused = self.body.feed(len(data), ended, self.conn.loop.time())
         if refused is not None:
-            self.reject(refused)
+            self.refuse_body(refused)
             return
         if ended:
             self.cancel_body_timer()
@@ -180,13 +181,12 @@ class Request:
             self.conn.request_done(self)
 
     def next_index(self) -> int:
-        index = self._next_index
         self._next_index += 1
-        return index
+        return self._next_index - 1
 
     # ---- the request body's deadline ---------------------------------------------------------------------
     def arm_body_timer(self) -> None:
-        """Slowloris on the request side: a body with no new bytes for ``body_timeout`` seconds is refused."""
+        """Slowloris on the request side: a body stalled for ``body_timeout`` or under ``body_min_rate`` is refused."""
         deadline = self.body.deadline()
         if deadline is not None:
             self._body_handle = self.conn.loop.call_at(deadline, self._check_body)
@@ -199,10 +199,12 @@ class Request:
         if deadline is not None and self.conn.loop.time() < deadline:
             self._body_handle = self.conn.loop.call_at(deadline, self._check_body)
             return
-        started = self.state is RequestState.STARTED
-        log.info("stream %d: no request body data for %.1f s: %s", self.stream_id, self.body.timeout,
-                 "cut" if started else "408")
-        refusal = self.body.stalled()
+        self.refuse_body(self.body.stalled(self.conn.loop.time()))
+
+    def refuse_body(self, refusal: Rejection) -> None:
+        """The body may not go on (over a limit, stalled, too slow): stop reading it, answer the refusal."""
+        started = self.state is not RequestState.PENDING
+        log.info("stream %d: %s: %s", self.stream_id, refusal.message, "cut" if started else refusal.status)
         self.conn.stop_reading(self.stream_id, H3_REQUEST_CANCELLED if started else H3_NO_ERROR)
         self.reject(refusal)
 
@@ -217,7 +219,7 @@ class Request:
             body = self.codec.error_payload(refusal.message, error_type=refusal.error_type, status=refusal.status,
                                             code=refusal.code)
             headers = [(b":status", str(refusal.status).encode()), (b"content-type", b"application/json"),
-                       (b"content-length", str(len(body)).encode())]
+                       (b"content-length", str(len(body)).encode()), *refusal.extra_headers()]
             request_line(self.scope, refusal.status)
             if conn.send_headers(self.stream_id, headers):
                 conn.send_data(self.stream_id, body, True)
@@ -304,7 +306,7 @@ class Request:
         if not more:
             self._finish()
             if not self.body.done:  # answered before the whole request arrived: the rest is not wanted
-                self.body.done = True
+                self.body.release()
                 conn.stop_reading(self.stream_id)
             conn.state.record(self.request_id, self.generated)
             if self.hooks is not None:
@@ -369,9 +371,8 @@ class Request:
 
     # ---- keep-alive on a plain SSE response --------------------------------------------------------------
     def _start_keepalive(self) -> None:
-        """The core keep-alive clock (the sender's): the policy's SSE frame after ``interval`` seconds without
-        bytes, so proxies and clients with read timeouts see the stream alive. Datagram streams have the
-        sender's own KEEPALIVE packets."""
+        """The policy's SSE frame after ``interval`` s without bytes, so proxies and clients with read timeouts
+        see the stream alive (datagram streams have the sender's own KEEPALIVE packets)."""
         policy = self.conn.state.config.keepalive_policy
         if policy.enabled:
             self.keepalive = KeepAliveTimer(policy, self.conn.loop.time())
@@ -390,8 +391,7 @@ class Request:
         assert self.keepalive is not None
         now = conn.loop.time()
         if self.keepalive.due(now):
-            # Only between two messages (the app's bytes so far end with a blank line); the frame itself, a
-            # comment line or a bare newline, leaves the stream between messages.
+            # Only between two messages (the app's bytes so far end with a blank line), as the frame leaves it.
             between = self.tail.endswith((b"\n\n", b"\r\n\r\n", b"\r\r"))
             frame = self.keepalive.policy.sse_frame
             if between and conn.send_data(self.stream_id, frame, False):

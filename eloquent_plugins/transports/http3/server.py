@@ -26,6 +26,7 @@ from eloquent_plugins.core.hooks.manager import codecs
 from eloquent_plugins.core.protocol import QUIC_MAX_DATAGRAM_SIZE
 from eloquent_plugins.h3glue.common import ALPN, server_sockname
 from eloquent_plugins.h3glue.listener import AdmissionStats, GuardedQuicServer
+from eloquent_plugins.transports.body_budget import HeldBodies
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.transports.http3.certs import dev_pair, renewal_due, resolve_certificate, dev_certificate
 from eloquent_plugins.transports.http3.connection import Http3Connection
@@ -138,16 +139,19 @@ def quic_server_configuration(config: StreamConfig, options: FrontEndOptions) ->
 
 async def start_http3_server(app: Callable[..., Any], *, host: str, port: int, config: StreamConfig,
                              plugin_manager: Any = None, options: FrontEndOptions | None = None,
-                             lifespan: bool = False, drain: Any = None) -> Http3Server:
+                             lifespan: bool = False, drain: Any = None,
+                             bodies: HeldBodies | None = None) -> Http3Server:
     """Serve ``app`` over HTTP/3 on UDP ``host:port`` (0: any free port; read ``.port``).
 
     ``lifespan=True`` runs the app's ASGI lifespan (startup now, shutdown on ``close()``): set it when no other
     server (uvicorn) runs the same app. ``drain``: the app's ``transports.drain.Drain`` (GOAWAY on every
-    connection when it begins, each closed when it is done).
+    connection when it begins, each closed when it is done). ``bodies``: the serving stack's ledger of incomplete
+    request bodies (``Stack.bodies``), so both transports count against the same ceilings; None: its own.
     """
     options = options or FrontEndOptions.from_env()
     options.check()
-    state = ServerState(app, config, options, plugin_manager, codec_router(plugin_manager, options), drain=drain)
+    state = ServerState(app, config, options, plugin_manager, codec_router(plugin_manager, options), drain=drain,
+                        bodies=bodies)
     if drain is not None:
         drain.add_listener(state.on_drain)
     quic = quic_server_configuration(config, options)

@@ -12,6 +12,7 @@ from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.padding import datagram_policy, declined
 from eloquent_plugins.core.scheme import Scheme, sender_config_for
 from eloquent_plugins.core.sender_config import SenderConfig
+from eloquent_plugins.transports.body_budget import HeldBodies
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.transports.drain import DrainState
 from eloquent_plugins.transports.http3.options import FrontEndOptions
@@ -44,6 +45,18 @@ class ServerState:
     closed_with_error: int = 0
     drain: Any = None
     """The server's ``transports.drain.Drain``: GOAWAY when it begins, every connection closed when it is done."""
+    bodies: HeldBodies | None = None
+    """The ledger of incomplete request bodies and WebTransport heads (``transports/body_budget.py``): the serving
+    stack's, which the TCP side shares (``Stack.bodies``), else one of this front end's own (``held``)."""
+
+    def __post_init__(self) -> None:
+        if self.bodies is None:
+            self.bodies = HeldBodies.from_config(self.config)
+
+    @property
+    def held(self) -> HeldBodies:
+        assert self.bodies is not None
+        return self.bodies
 
     def on_drain(self, state: DrainState) -> None:
         for conn in list(self.connections):

@@ -14,6 +14,10 @@ A browser opens a session (extended CONNECT, ``:protocol webtransport``) on the 
 A session that ends (the CONNECT stream closed or reset) takes its requests with it: the browser continues each
 one over SSE with ``Last-Event-ID``.
 
+A head line that has not ended is held in the server's ledger of incomplete requests (``transports/body_budget.py``:
+per connection, per address, in all) and keeps to the same pace as a body, within ``body_timeout`` of the stream's
+start; past either, the stream gets its refusal as a status line (``429``/``413``/``503``/``408``).
+
 Browsers apply no CORS to WebTransport, so the session's ``Origin`` is checked here against the same policy as
 CORS (``FrontEndOptions.cors_origins``, ``--cors-origin``; same-origin pages always): another origin gets 403.
 The ``Origin`` the app sees on each request is the CONNECT's, whatever the request's JSON head says.
@@ -35,6 +39,7 @@ from eloquent_plugins.core.errors import DecodeError
 from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.protocol import H3_NO_ERROR, H3_REQUEST_CANCELLED
 from eloquent_plugins.core.wire import peek_stream_id
+from eloquent_plugins.transports.body_budget import BodyClock, HeldBody
 from eloquent_plugins.transports.cors import OriginPolicy
 from eloquent_plugins.transports.http3.guards import Rejection
 from eloquent_plugins.transports.http3.state import ServerState
@@ -43,6 +48,8 @@ log = logging.getLogger("eloquent_plugins.transports.http3")
 
 MAX_HEAD_BYTES = 64 << 10
 """Longest JSON head line a request stream may send (the JS client's limit for the status line too)."""
+CLOSED_PRUNE = 64
+"""Past this many ended request streams remembered, those aioquic has discarded are forgotten (``forget``)."""
 
 
 class SessionRequest(Protocol):
@@ -78,6 +85,8 @@ class SessionHost(Protocol):
     def reset(self, stream_id: int, code: int) -> None: ...
     def stop_reading(self, stream_id: int, code: int = H3_NO_ERROR) -> None: ...
     def drop_stream(self, stream_id: int) -> None: ...
+    def stream_alive(self, stream_id: int) -> bool: ...  # frames for it may still come (aioquic keeps it)
+    def hold_body(self) -> HeldBody: ...
     def open_request(self, stream_id: int, method: bytes | None, path: bytes | None,
                      headers: list[tuple[bytes, bytes]], *, ended: bool, transport: str = "h3",
                      refusal: Rejection | None = None) -> SessionRequest | None: ...
@@ -93,11 +102,26 @@ class Session:
 
 @dataclass(slots=True)
 class PendingHead:
-    """A request stream whose JSON head line is not complete yet."""
+    """A request stream whose JSON head line is not complete yet: its bytes, what they hold in the ledger, their
+    pace, and the one timer that checks it (moved lazily, as a body's)."""
 
     session_id: int
+    held: HeldBody
+    clock: BodyClock
+    limit: float | None
+    """``body_timeout`` after the stream's first bytes: the whole head is due by then, however it trickles."""
     buffer: bytearray = field(default_factory=bytearray)
     timer: asyncio.TimerHandle | None = None
+
+    def deadline(self) -> float | None:
+        pace = self.clock.deadline()
+        return self.limit if pace is None else pace if self.limit is None else min(pace, self.limit)
+
+    def forget(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.held.release()
 
 
 def is_session_request(event: HeadersReceived) -> bool:
@@ -152,8 +176,9 @@ class WebTransportSessions:
         self.stream_session: dict[int, int] = {}
         """Request stream id -> its session id (for the datagram prefix, the wire, and routing acks)."""
         self.pending: dict[int, PendingHead] = {}
-        self.highest = -1
-        """The highest request stream id seen (client bidirectional stream ids only grow)."""
+        self.closed: set[int] = set()
+        """Request streams that ended here while bytes for them may still arrive (they are dropped). Not "every id
+        below the highest seen": under loss a stream's first bytes can come after a later stream's."""
 
     # ---- sessions ----------------------------------------------------------------------------------------
     def open_session(self, event: HeadersReceived) -> None:
@@ -193,8 +218,8 @@ class WebTransportSessions:
         if stream_id in self.sessions:
             self.close_session(stream_id)
         pending = self.pending.pop(stream_id, None)
-        if pending is not None and pending.timer is not None:
-            pending.timer.cancel()
+        if pending is not None:
+            pending.forget()
 
     def close_session(self, session_id: int) -> None:
         session = self.sessions.pop(session_id, None)
@@ -221,20 +246,27 @@ class WebTransportSessions:
             conn.requests[stream_id].on_body(event.data, event.stream_ended)
             return
         pending = self.pending.get(stream_id)
-        if pending is None and (stream_id in self.stream_session or stream_id <= self.highest):
-            return  # a finished or refused request (stream ids only grow): late bytes are dropped
+        if pending is None and (stream_id in self.stream_session or stream_id in self.closed):
+            return  # a finished or refused request: late bytes are dropped
         session = self.sessions.get(event.session_id)
         if session is None or stream_id % 4 != 0:  # unknown session, or a unidirectional stream: not ours
             conn.stop_reading(stream_id, H3_REQUEST_CANCELLED)
             return
         if pending is None:
-            self.highest = stream_id
-            pending = self.pending[stream_id] = PendingHead(event.session_id)
+            now, config = conn.loop.time(), conn.state.config
+            pending = self.pending[stream_id] = PendingHead(
+                event.session_id, conn.hold_body(), BodyClock.from_config(config, now),
+                now + config.body_timeout if config.body_timeout > 0 else None)
             self.stream_session[stream_id] = event.session_id
             session.streams.add(stream_id)
-            timeout = conn.state.config.body_timeout
-            if timeout > 0:
-                pending.timer = conn.loop.call_later(timeout, self._head_timeout, stream_id)
+            self._arm(stream_id, pending)
+        newline = event.data.find(b"\n")
+        if newline < 0 and not event.stream_ended:  # the head goes on: held, at its pace, until its newline
+            pending.clock.arrived(len(event.data), conn.loop.time())
+            refusal = pending.held.hold(len(event.data))
+            if refusal is not None:
+                self._refuse(stream_id, Rejection.of(refusal))
+                return
         pending.buffer += event.data
         newline = pending.buffer.find(b"\n")
         if newline < 0:
@@ -263,13 +295,33 @@ class WebTransportSessions:
     def _refuse(self, stream_id: int, refusal: Rejection) -> None:
         self.stream_gone(stream_id)
         self.conn.open_request(stream_id, None, None, [], ended=True, transport="webtransport", refusal=refusal)
+        self.conn.stop_reading(stream_id)  # the refusal is the whole answer: no more of this stream is read
+
+    def _arm(self, stream_id: int, pending: PendingHead) -> None:
+        deadline = pending.deadline()
+        if deadline is not None:
+            pending.timer = self.conn.loop.call_at(deadline, self._head_timeout, stream_id)
 
     def _head_timeout(self, stream_id: int) -> None:
         pending = self.pending.get(stream_id)
-        if pending is not None:
-            pending.timer = None
-            self._refuse(stream_id, Rejection(408, "WebTransport request head not received in time", 408,
-                                              error_type="request_timeout"))
+        if pending is None:
+            return
+        pending.timer = None
+        now = self.conn.loop.time()
+        deadline = pending.deadline()
+        if deadline is not None and now < deadline:  # bytes moved the pace's deadline on since the timer was set
+            self._arm(stream_id, pending)
+            return
+        if pending.limit is not None and now >= pending.limit:
+            self.conn.state.held.count("stalled")
+            refusal = Rejection(408, "WebTransport request head not received in time", 408,
+                                error_type="request_timeout")
+        else:
+            pace = pending.clock.refusal(now)
+            self.conn.state.held.count(pace.reason)
+            refusal = Rejection(408, f"WebTransport request head too slow: under {pending.clock.min_rate:g} bytes/s",
+                                408, error_type="request_timeout")
+        self._refuse(stream_id, refusal)
 
     # ---- the wire ----------------------------------------------------------------------------------------
     def carries(self, stream_id: int) -> bool:
@@ -297,9 +349,12 @@ class WebTransportSessions:
         session_id = self.stream_session.pop(stream_id, None)
         if session_id is not None and (session := self.sessions.get(session_id)) is not None:
             session.streams.discard(stream_id)
+        if session_id is not None:
+            self.closed.add(stream_id)
+            if len(self.closed) > CLOSED_PRUNE:
+                self.closed = {s for s in self.closed if self.conn.stream_alive(s)}
 
     def close(self) -> None:
         for pending in self.pending.values():
-            if pending.timer is not None:
-                pending.timer.cancel()
+            pending.forget()
         self.pending.clear()

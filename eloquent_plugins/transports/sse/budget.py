@@ -9,7 +9,10 @@ serve``, ``tests/transports/test_hostile_load.py``), not only their payload:
 * what the server still buffers for each connected client, written and not yet taken by the kernel
   (``Connection.unsent``: the server's own figure where it offers the ``eloquent.socket`` extension, as
   ``eloquent serve`` does; otherwise ``STALLED_SEND_BYTES`` for a connection whose send is suspended);
-* the finished streams the store keeps in this process for resume (``ResumeStore.held_bytes``).
+* the finished streams the store keeps in this process for resume (``ResumeStore.held_bytes``);
+* incomplete request bodies and WebTransport request heads (``transports/body_budget.py``, ``HeldBodies``: their
+  bytes and a reserve per request, on both transports). They are refused past their own ceilings, at most a
+  quarter of this budget (why: that module); here they count, so the streams shed and refuse to leave them room.
 
 The kernel's socket buffers are not process memory.
 
@@ -47,6 +50,7 @@ import math
 import time
 from collections.abc import Callable
 
+from eloquent_plugins.transports.body_budget import HeldBodies
 from eloquent_plugins.transports.metrics import StreamMetrics
 from eloquent_plugins.transports.resume.base import ResumeStore
 from eloquent_plugins.transports.resume.log import StreamLog
@@ -112,8 +116,10 @@ class StreamBudget:
 
     def __init__(self, limit: int, store: ResumeStore | None, metrics: StreamMetrics, *,
                  retry_after: float = 1.0, frame_overhead: int = FRAME_OVERHEAD,
-                 stream_reserve: int = STREAM_RESERVE) -> None:
+                 stream_reserve: int = STREAM_RESERVE, bodies: HeldBodies | None = None) -> None:
         self.limit = limit
+        self.bodies = bodies
+        """The ledger of incomplete request bodies, counted here too (None: not this budget's)."""
         self.frame_overhead = frame_overhead
         self.stream_reserve = stream_reserve
         self.store = store
@@ -138,13 +144,14 @@ class StreamBudget:
         self._trim: Callable[[int], int] | None = _malloc_trim() if limit else None
         metrics.held = self.held
         metrics.unsent = self.unsent
+        metrics.bodies = bodies
         if store is not None:
             metrics.evicted = lambda: getattr(store, "evicted", 0)
 
     def held(self) -> int:
         """Bytes held now (see the module docstring): live logs and streams, what the server buffers for their
-        connected clients, and the finished streams the store keeps here."""
-        total = self.unsent()
+        connected clients, the finished streams the store keeps here, incomplete request bodies."""
+        total = self.unsent() + (self.bodies.held if self.bodies is not None else 0)
         for log_, entry in self.live.items():
             total += log_.nbytes + len(log_.frames) * self.frame_overhead + entry.reserve
         return total + (self.store.held_bytes() if self.store is not None else 0)

@@ -46,6 +46,7 @@ from eloquent_plugins.transports.metrics import METRICS_PATH, StreamMetrics
 from eloquent_plugins.transports.resume import create_store
 from eloquent_plugins.transports.resume.hooks import plugin_store_factories
 from eloquent_plugins.transports.resume.base import ResumeStore
+from eloquent_plugins.transports.body_budget import HeldBodies
 from eloquent_plugins.transports.sse.budget import StreamBudget
 from eloquent_plugins.transports.sse.connection import MAX_LAG_EVENTS
 from eloquent_plugins.transports.sse.exchange import Exchange
@@ -102,8 +103,11 @@ class EloquentMiddleware:
             store = create_store(self.config, plugin_store_factories(self.pm))
         self.store = store if self.config.resume else None
         self.lease_ttl = max(1.0, min(self.config.resume_grace, 10.0))
+        self.bodies = HeldBodies.from_config(self.config)
+        """Incomplete request bodies and WebTransport heads (``transports/body_budget.py``): the serving stack
+        hands this ledger to the body deadline and the HTTP/3 front end; it counts in ``budget``."""
         self.budget = StreamBudget(self.config.max_held_bytes, self.store, self.metrics,
-                                   retry_after=max(1.0, self.config.resume_grace))
+                                   retry_after=max(1.0, self.config.resume_grace), bodies=self.bodies)
         """``max_held_bytes``: what every stream log of this middleware holds, and what happens at the limit."""
         self.exchanges: dict[str, LocalStream] = {}
         """The live resumable streams produced here, by token (a resume here tells its producer it is read)."""

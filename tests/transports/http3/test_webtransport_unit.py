@@ -68,6 +68,30 @@ async def test_a_bad_head_is_refused_with_400_and_later_bytes_are_dropped() -> N
     assert not host.opened
 
 
+async def test_a_stream_whose_first_bytes_come_after_a_later_streams_is_served() -> None:
+    """Under loss, stream 8's first packet can arrive before stream 4's: 4 is a new request, not a late one (it was
+    dropped for good when every id below the highest seen counted as ended)."""
+    host, wt = sessions()
+    wt.open_session(connect())
+    wt.stream_data(data(8, head_line()))
+    wt.stream_data(data(4, head_line()))
+    assert sorted(host.opened) == [4, 8]
+
+
+async def test_an_ended_stream_drops_late_bytes_until_aioquic_forgets_it() -> None:
+    host, wt = sessions()
+    wt.open_session(connect())
+    wt.stream_data(data(4, head_line()))
+    wt.forget(4)  # its request is over on both sides
+    wt.stream_data(data(4, b"late bytes"))
+    assert list(host.opened) == [4] and not host.refusals and not wt.pending
+    host.discarded.add(4)  # aioquic discarded it: no frame for it reaches us any more, nor need it be remembered
+    for stream_id in range(8, 8 + 4 * 70, 4):
+        wt.stream_data(data(stream_id, head_line()))
+        wt.forget(stream_id)
+    assert 4 not in wt.closed and len(wt.closed) <= 70
+
+
 async def test_a_unidirectional_stream_or_an_unknown_session_is_stopped() -> None:
     host, wt = sessions()
     wt.open_session(connect())
