@@ -20,7 +20,6 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
@@ -37,8 +36,6 @@ TOKENS = 1200
 DRAIN_TIMEOUT = 1.0
 DRAIN_TOKENS = 2000
 """Long enough (several seconds at the tiny model's pace here) that the drain's deadline lands mid-stream."""
-NEAR_TIE = 1e-3
-"""A gap between the top two log-probabilities below which floating-point noise may flip a greedy choice."""
 
 
 @dataclass
@@ -124,33 +121,20 @@ def _check(answer: Answer, uncut: Answer, cut_at: int, what: str, survivor: Vllm
           f"{uncut.usage and uncut.usage['completion_tokens']}")
     ids, uncut_ids = _ids(answer), _ids(uncut)
     if ids != uncut_ids and len(uncut_ids) == tokens:
-        # Greedy decoding is exact only as far as the engine's arithmetic is: the continuation's prefill of the
-        # emitted tokens computes their keys and values in one pass where the uncut run computed them one at a
-        # time, and the last bits differ. The tiny random model has near-ties (top two within 1e-4 here), which
-        # such a difference can flip. Tell that apart from a splice error: the first differing token must come
-        # after the cut, at a near-tie of the uncut run; a splice error shows where the model is decisive.
+        # Say where and how close the model was there: a splice error shows at or right after the cut; a
+        # floating-point near-tie (the continuation's prefill computes the emitted tokens' keys and values in one
+        # pass, the uncut run one step at a time) would show where the uncut run's top two were within ~1e-4.
         first = next(i for i, (x, y) in enumerate(zip(ids + [-1], uncut_ids + [-2])) if x != y)
         before_cut = len(_ids(Answer(answer.events[:cut_at + 1])))
-        margin = _margins(survivor, body)[first]
+        margin = _margins(survivor, body)[first] if first < tokens else float("nan")
         print(f"{what}: the token ids differ from token {first} of {tokens} (the cut was after token "
-              f"{before_cut}); the uncut run's margin there: {margin:.2e} (near-tie below {NEAR_TIE:g})")
-        assert first >= before_cut and margin < NEAR_TIE, "differs where the model is decisive: a splice error"
-        assert answer.complete and len(ids) == tokens
-    else:
-        if answer.text != uncut.text:
-            at = next(i for i, (x, y) in enumerate(zip(answer.text + "\0", uncut.text + "\1")) if x != y)
-            for name, ans in (("uncut", uncut), ("answer", answer)):
-                seen, near = 0, []
-                for index, data in ans.events:
-                    piece = Answer([(index, data)]).text
-                    if seen + len(piece) >= at - 8 and len(near) < 8:
-                        near.append((index, piece, _ids(Answer([(index, data)]))))
-                    seen += len(piece)
-                print(f"{what}: text differs at character {at} (same token ids); {name} events there: {near}; "
-                      f"text there: {ans.text[at - 10:at + 10]!r}")
-            dump = Path(os.environ.get("ELOQUENT_TEST_DUMP", "/tmp")) / "migration-text-mismatch.json"
-            dump.write_text(json.dumps({"answer": answer.events, "uncut": uncut.events, "cut_at": cut_at}))
-        assert answer.text == uncut.text
+              f"{before_cut}); the uncut run's top-two log-probability margin there: {margin:.2e}")
+    if answer.text != uncut.text:
+        at = next(i for i, (x, y) in enumerate(zip(answer.text + "\0", uncut.text + "\1")) if x != y)
+        print(f"{what}: the texts differ from character {at}: {answer.text[at - 10:at + 30]!r} where the uncut "
+              f"answer has {uncut.text[at - 10:at + 30]!r}")
+    assert ids == uncut_ids
+    assert answer.text == uncut.text
     assert 0 < cut_at < len(uncut.events) - 10, "the kill landed mid-stream"
     assert answer.complete and uncut.complete
     assert answer.usage["completion_tokens"] == uncut.usage["completion_tokens"] == tokens
