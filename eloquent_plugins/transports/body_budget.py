@@ -31,11 +31,14 @@ Pure bookkeeping (no I/O, no clock of its own): the transports call it with thei
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Protocol
 
 from eloquent_plugins.core.errors import ConfigError
+
+log = logging.getLogger("eloquent_plugins.transports.body_budget")
 
 BODY_RESERVE = 16 << 10
 """Bytes counted per held request beside its body bytes: the request's objects, the app's task waiting for the rest,
@@ -87,15 +90,16 @@ class BodySettings(Protocol):
     def max_held_bytes(self) -> int: ...
 
 
+def ceiling(config: BodySettings, name: str) -> int:
+    """The ceiling ``name`` in effect: never below what one whole body the server accepts takes (twice
+    ``max_request_bytes`` and a reserve, room for its chunks' overhead), so that raising ``max_request_bytes``
+    alone never makes every large request a 429; 0 stays off."""
+    value = int(getattr(config, name))
+    return max(value, 2 * config.max_request_bytes + BODY_RESERVE) if value else 0
+
+
 def check_settings(config: BodySettings) -> None:
-    """Refuse ceilings that a body the server accepts could not fit under (``StreamConfig`` calls this): twice
-    ``max_request_bytes`` and a reserve leaves room for one whole body with its chunks' overhead."""
-    floor = 2 * config.max_request_bytes + BODY_RESERVE
-    for name in ("max_body_bytes_per_connection", "max_body_bytes_per_address"):
-        value = getattr(config, name)
-        if value and value < floor:
-            raise ConfigError(f"{name} must be 0 (off) or at least 2 x max_request_bytes + {BODY_RESERVE} = "
-                              f"{floor}, got {value}: a whole body must fit under it")
+    """Refuse settings that cannot work together (``StreamConfig`` calls this)."""
     if config.body_min_rate and not max(config.body_timeout, config.body_rate_grace) > 0:
         raise ConfigError("body_min_rate needs body_rate_grace or body_timeout > 0: a body needs some time to "
                           "reach its pace")
@@ -121,8 +125,12 @@ class HeldBodies:
 
     @classmethod
     def from_config(cls, config: BodySettings) -> HeldBodies:
-        return cls(per_connection=config.max_body_bytes_per_connection,
-                   per_address=config.max_body_bytes_per_address,
+        for name in ("max_body_bytes_per_connection", "max_body_bytes_per_address"):
+            if ceiling(config, name) != getattr(config, name):
+                log.warning("%s raised to %d: one whole body of max_request_bytes (%d) must fit under it", name,
+                            ceiling(config, name), config.max_request_bytes)
+        return cls(per_connection=ceiling(config, "max_body_bytes_per_connection"),
+                   per_address=ceiling(config, "max_body_bytes_per_address"),
                    total=int(config.max_held_bytes * BODY_SHARE))
 
     def open(self, connection: Hashable, address: str | None) -> HeldBody:

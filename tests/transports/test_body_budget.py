@@ -101,11 +101,18 @@ def test_release_is_idempotent_and_a_released_body_counts_nothing_more() -> None
     assert body.hold(CHUNK) is None and book.held == 0 and book.bodies == 0
 
 
-def test_settings_refuse_a_ceiling_no_whole_body_fits_under() -> None:
-    with pytest.raises(ConfigError, match="max_body_bytes_per_connection"):
-        StreamConfig(max_body_bytes_per_connection=1 << 20)
-    with pytest.raises(ConfigError, match="max_body_bytes_per_address"):
-        StreamConfig(max_request_bytes=16 << 20, max_body_bytes_per_connection=0)  # 32 MiB is not two bodies
+def test_a_ceiling_no_whole_body_fits_under_is_raised_to_fit_one(caplog: pytest.LogCaptureFixture) -> None:
+    """Raising ``max_request_bytes`` alone (long prompts, images) must not turn every large request into a 429."""
+    floor = 2 * (16 << 20) + BODY_RESERVE
+    config = StreamConfig(max_request_bytes=16 << 20)  # the default ceilings (8 and 32 MiB) are below two bodies
+    book = HeldBodies.from_config(config)
+    assert (book.per_connection, book.per_address) == (floor, floor)
+    assert "raised to" in caplog.text
+    low = HeldBodies.from_config(StreamConfig(max_body_bytes_per_connection=1 << 20, max_body_bytes_per_address=0))
+    assert low.per_connection == 2 * (1 << 20) + BODY_RESERVE and low.per_address == 0, "0 stays off"
+
+
+def test_settings_refuse_what_cannot_work() -> None:
     with pytest.raises(ConfigError, match="body_min_rate"):
         StreamConfig(body_timeout=0, body_rate_grace=0)
     with pytest.raises(ConfigError):
