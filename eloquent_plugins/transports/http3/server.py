@@ -102,6 +102,11 @@ class Http3Server:
         """Connections still in the handshake now."""
         return self._server.handshaking
 
+    @property
+    def held(self) -> int:
+        """Connections counted against ``max_connections`` now (handshaking or open)."""
+        return self._server.caps.count
+
     async def close(self) -> None:
         if self._renewal is not None:
             self._renewal.cancel()
@@ -161,6 +166,9 @@ async def start_http3_server(app: Callable[..., Any], *, host: str, port: int, c
                                   max_handshakes=options.max_handshakes,
                                   max_handshakes_per_address=options.max_handshakes_per_address,
                                   handshake_timeout=options.handshake_timeout,
+                                  max_connections=options.max_connections,
+                                  max_connections_per_address=options.max_connections_per_address,
+                                  streamless_timeout=options.idle_timeout,
                                   new_cid=lb.new_cid if (lb := options.quic_lb) is not None else None),
         local_addr=(host, port))
     assert isinstance(server, GuardedQuicServer)
