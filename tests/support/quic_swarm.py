@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import resource
 import ssl
 import time
@@ -116,7 +117,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--ping", type=float, default=1.0)
     parser.add_argument("--hold", type=float, default=10.0)
+    parser.add_argument("--nice", type=int, default=0, help="lower this process's priority by so much: the "
+                        "attacker's CPU is its own in real life, not the server's")
     args = parser.parse_args()
+    os.nice(args.nice)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, args.count + 256)), hard))
     print(json.dumps(asyncio.run(swarm(args.host, args.port, bind=args.bind, count=args.count,
