@@ -1,7 +1,8 @@
 """The HTTP/3 front end's listener: aioquic's ``QuicServer`` hardened against floods of fake Initials and against
-peers that hold many connections (``GuardedQuicServer``; the connection caps are ``h3glue.connection_caps``), and the server connection that issues QUIC-LB connection ids
-(``RoutableQuicConnection``). Server only: the client never imports this module
-(tests/client/test_client_no_listener.py). The aioquic internals it copies are pinned in ``_UPSTREAM``."""
+peers that hold many connections (``GuardedQuicServer``; its connection caps are ``h3glue.connection_caps``), and
+the server connection that issues QUIC-LB connection ids (``RoutableQuicConnection``). Server only: the client
+never imports this module (tests/client/test_client_no_listener.py). The aioquic internals it copies are pinned in
+``_UPSTREAM``."""
 
 from __future__ import annotations
 
