@@ -30,6 +30,8 @@ RESUME_QUERY_PARAM = "last_event_id"
 # those values are unassigned in the HTTP/3 registry.
 H3_NO_ERROR = 0x100
 H3_INTERNAL_ERROR = 0x102
+H3_EXCESSIVE_LOAD = 0x107
+"""RFC 9114 section 8.1: a connection the listener closed to stay within its connection caps."""
 H3_REQUEST_CANCELLED = 0x10C
 H3_DATAGRAM_ERROR = 0x33
 

@@ -146,6 +146,12 @@ def handshake_complete(quic: QuicConnection) -> bool:
     return bool(quic._handshake_complete)
 
 
+def live_client_streams(quic: QuicConnection) -> bool:
+    """A server connection has a bidirectional stream its client opened that QUIC has not finished both ways
+    (aioquic forgets a stream once both directions are done)."""
+    return any(stream_id % 4 == 0 for stream_id in quic._streams)
+
+
 def nothing_decrypted(quic: QuicConnection) -> bool:
     """No packet of the peer has been decrypted yet (a server leaves FIRSTFLIGHT on the first one)."""
     return quic._state is QuicConnectionState.FIRSTFLIGHT

@@ -1,7 +1,8 @@
-"""The HTTP/3 front end's listener: aioquic's ``QuicServer`` hardened against floods of fake Initials
-(``GuardedQuicServer``), and the server connection that issues QUIC-LB connection ids
-(``RoutableQuicConnection``). Server only: the client never imports this module
-(tests/client/test_client_no_listener.py). The aioquic internals it copies are pinned in ``_UPSTREAM``."""
+"""The HTTP/3 front end's listener: aioquic's ``QuicServer`` hardened against floods of fake Initials and against
+peers that hold many connections (``GuardedQuicServer``; its connection caps are ``h3glue.connection_caps``), and
+the server connection that issues QUIC-LB connection ids (``RoutableQuicConnection``). Server only: the client
+never imports this module (tests/client/test_client_no_listener.py). The aioquic internals it copies are pinned in
+``_UPSTREAM``."""
 
 from __future__ import annotations
 
@@ -17,16 +18,27 @@ from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.asyncio.server import QuicServer
 from aioquic.buffer import Buffer
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE
-from aioquic.quic.connection import QuicConnection, QuicConnectionId
+from aioquic.quic.connection import TRANSPORT_CLOSE_FRAME_CAPACITY, QuicConnection, QuicConnectionId
+from aioquic.quic.crypto import CryptoPair
 from aioquic.quic.packet import (
+    QuicErrorCode,
+    QuicFrameType,
     QuicPacketType,
     encode_quic_retry,
     encode_quic_version_negotiation,
     pull_quic_header,
 )
+from aioquic.quic.packet_builder import QuicPacketBuilder
 
 from eloquent_plugins.core.errors import ConfigError
-from eloquent_plugins.h3glue.common import abandon, handshake_complete, initial_decrypts, nothing_decrypted
+from eloquent_plugins.h3glue.common import (
+    abandon,
+    connection_of,
+    handshake_complete,
+    initial_decrypts,
+    nothing_decrypted,
+)
+from eloquent_plugins.h3glue.connection_caps import ConnectionCaps
 
 _encode_invalid_token_close = getattr(aioquic_server, "_encode_invalid_token_close", None)
 
@@ -109,6 +121,32 @@ class AdmissionStats:
     invalid_tokens: int = 0
     expired: int = 0
     """Handshakes not complete ``handshake_timeout`` after they began: dropped, nothing sent."""
+    refused: int = 0
+    """Answered with CONNECTION_REFUSED (0x2): the address held ``max_connections_per_address``, or the listener
+    ``max_connections``, and none of them had been idle (no stream) for a second."""
+    evicted: int = 0
+    """Idle connections closed with H3_EXCESSIVE_LOAD (0x107) to make room for a new one under a connection cap."""
+    idle_closed: int = 0
+    """Connections closed with H3_NO_ERROR after carrying no stream for the idle timeout (PINGs do not count)."""
+
+
+def encode_refusal(version: int, source_cid: bytes, destination_cid: bytes, reason: str) -> bytes:
+    """A server Initial that closes the connection with CONNECTION_REFUSED and ``reason``, made without a
+    connection (as aioquic's INVALID_TOKEN close: keys from the client's destination cid, ``source_cid``). An
+    Initial may carry only a transport close (RFC 9000 section 10.2.3), hence not H3_EXCESSIVE_LOAD."""
+    crypto = CryptoPair()
+    crypto.setup_initial(cid=source_cid, is_client=False, version=version)
+    builder = QuicPacketBuilder(host_cid=source_cid, is_client=False, max_datagram_size=SMALLEST_MAX_DATAGRAM_SIZE,
+                                peer_cid=destination_cid, version=version)
+    builder.start_packet(QuicPacketType.INITIAL, crypto)
+    phrase = reason.encode()[:200]
+    buf = builder.start_frame(QuicFrameType.TRANSPORT_CLOSE, capacity=TRANSPORT_CLOSE_FRAME_CAPACITY + len(phrase))
+    buf.push_uint_var(QuicErrorCode.CONNECTION_REFUSED)
+    buf.push_uint_var(QuicFrameType.PADDING)
+    buf.push_uint_var(len(phrase))
+    buf.push_bytes(phrase)
+    datagrams, _ = builder.flush()
+    return datagrams[0]
 
 
 class GuardedQuicServer(QuicServer):
@@ -127,17 +165,31 @@ class GuardedQuicServer(QuicServer):
       way ("auto") or always ("always"); an Initial carrying a token is always validated (unless "off"), so a
       retried client completes even after the load dropped;
     - a connection whose handshake is not complete ``handshake_timeout`` after it began is dropped without
-      sending anything (upstream keeps it for the full idle timeout).
+      sending anything (upstream keeps it for the full idle timeout);
+    - connections, handshaking or open, are capped in total (``max_connections``) and per source address
+      (``max_connections_per_address``): at a cap, the connection idle longest (no stream for at least a second;
+      of the same address for its cap) is closed with H3_EXCESSIVE_LOAD for the newcomer, and when none is idle
+      the newcomer's Initial is answered with CONNECTION_REFUSED; a connection that carries a stream is never
+      closed for a newcomer;
+    - a connection that carries no stream for ``streamless_timeout`` (default: the idle timeout) is closed with
+      H3_NO_ERROR even if the peer keeps it alive with PINGs (``connection_caps`` says why aioquic's timer
+      cannot).
     """
 
     def __init__(self, *, retry: str = "auto", retry_threshold: int = 64, max_handshakes: int = 512,
                  max_handshakes_per_address: int = 16, handshake_timeout: float = 10.0,
-                 new_cid: Callable[[], bytes] | None = None, **kwargs: Any) -> None:
+                 max_connections: int = 2048, max_connections_per_address: int = 128,
+                 streamless_timeout: float | None = None, new_cid: Callable[[], bytes] | None = None,
+                 **kwargs: Any) -> None:
         """``new_cid``: issue connection ids from it (``RoutableQuicConnection``; the Retry's too)."""
         if retry not in RETRY_MODES:
             raise ConfigError(f"retry must be one of {', '.join(RETRY_MODES)}, not {retry!r}")
         if min(retry_threshold, max_handshakes, max_handshakes_per_address) < 1 or not handshake_timeout > 0:
             raise ConfigError("handshake limits must be >= 1 and handshake_timeout > 0")
+        if min(max_connections, max_connections_per_address) < 1:
+            raise ConfigError("max_connections and max_connections_per_address must be >= 1")
+        if streamless_timeout is not None and not streamless_timeout > 0:
+            raise ConfigError("streamless_timeout must be > 0")
         super().__init__(retry=retry != "off", **kwargs)
         self.retry_mode = retry
         self.retry_threshold = retry_threshold
@@ -146,6 +198,9 @@ class GuardedQuicServer(QuicServer):
         self.handshake_timeout = handshake_timeout
         self.new_cid = new_cid
         self.stats = AdmissionStats()
+        self.caps = ConnectionCaps(self._loop, self.stats, max_connections=max_connections,
+                                   max_per_address=max_connections_per_address,
+                                   idle_timeout=streamless_timeout or self._configuration.idle_timeout)
         self._cids: dict[QuicConnectionProtocol, set[bytes]] = {}
         self._handshakes: dict[QuicConnectionProtocol, tuple[str, asyncio.TimerHandle]] = {}
         self._per_address: dict[str, int] = {}
@@ -167,6 +222,7 @@ class GuardedQuicServer(QuicServer):
             timer.cancel()
         self._handshakes.clear()
         self._per_address.clear()
+        self.caps.close()
         protocols = list(self._cids)
         self._cids.clear()
         for protocol in protocols:
@@ -191,8 +247,11 @@ class GuardedQuicServer(QuicServer):
         protocol = self._protocols.get(header.destination_cid)
         if protocol is not None:
             protocol.datagram_received(data, addr)
-            if protocol in self._handshakes and handshake_complete(protocol._quic):
+            if protocol not in self._handshakes:
+                self.caps.observe(protocol)
+            elif handshake_complete(connection_of(protocol)):
                 self._handshake_over(protocol)
+                self.caps.opened(protocol)
             return
         if len(data) >= SMALLEST_MAX_DATAGRAM_SIZE and header.packet_type == QuicPacketType.INITIAL:
             self._accept(header, data, buf.tell(), addr)
@@ -232,6 +291,12 @@ class GuardedQuicServer(QuicServer):
         if len(self._handshakes) >= self.max_handshakes:
             self.stats.shed += 1
             return
+        refusal = self.caps.refusal(key)
+        if refusal is not None:
+            self.stats.refused += 1
+            self._transport.sendto(encode_refusal(  # type: ignore[union-attr]
+                header.version, header.destination_cid, header.source_cid, refusal), addr)
+            return
         settings: dict[str, Any] = {
             "configuration": self._configuration, "original_destination_connection_id": original_cid,
             "retry_source_connection_id": retry_source_cid, "session_ticket_fetcher": self._session_ticket_fetcher,
@@ -247,6 +312,7 @@ class GuardedQuicServer(QuicServer):
         self._connection_id_issued(header.destination_cid, protocol)
         self._connection_id_issued(connection.host_cid, protocol)
         self._per_address[key] = self._per_address.get(key, 0) + 1
+        self.caps.admitted(protocol, key)
         self._handshakes[protocol] = (key, self._loop.call_later(self.handshake_timeout, self._expire, protocol))
         self.stats.admitted += 1
         protocol.datagram_received(data, addr)
@@ -269,6 +335,7 @@ class GuardedQuicServer(QuicServer):
             return
         if handshake_complete(protocol._quic):
             self._handshake_over(protocol)
+            self.caps.opened(protocol)
             return
         self.stats.expired += 1
         abandon(protocol, "handshake timeout")
@@ -301,6 +368,7 @@ class GuardedQuicServer(QuicServer):
 
     def _connection_terminated(self, protocol: QuicConnectionProtocol) -> None:
         self._handshake_over(protocol)
+        self.caps.released(protocol)
         for cid in self._cids.pop(protocol, ()):
             if self._protocols.get(cid) is protocol:
                 del self._protocols[cid]

@@ -48,6 +48,35 @@ def h3_transport(transport: str, *, datagrams: bool) -> str:
     return "webtransport" if transport == "webtransport" else "datagram" if datagrams else "h3-stream"
 
 
+QUIC_COUNTERS = (
+    # (AdmissionStats field, metric name, help)
+    ("admitted", "quic_connections_admitted", "QUIC connections created by the HTTP/3 front end's listener."),
+    ("refused", "quic_connections_refused", "New QUIC connections refused (CONNECTION_REFUSED 0x2): the address "
+     "held max_connections_per_address, or the listener max_connections, and none of them was idle."),
+    ("evicted", "quic_connections_evicted", "Idle QUIC connections (no request) closed with H3_EXCESSIVE_LOAD "
+     "(0x107) to make room for a new one under a connection cap."),
+    ("idle_closed", "quic_connections_idle_closed", "QUIC connections closed (H3_NO_ERROR) after carrying no "
+     "request for the idle timeout, PINGs or not."),
+    ("retried", "quic_retries", "New QUIC connections answered with a stateless Retry (address validation)."),
+    ("shed", "quic_handshakes_shed", "New QUIC connections dropped silently at a handshake cap."),
+    ("expired", "quic_handshakes_expired", "QUIC handshakes dropped for not completing within handshake_timeout."),
+    ("undecryptable", "quic_initials_undecryptable", "QUIC Initials dropped before any state: they did not "
+     "decrypt."),
+)
+"""The listener's ``AdmissionStats`` as Prometheus counters (``eloquent_quic_*_total``)."""
+
+
+def quic_families(prefix: str, front_end: Any) -> Iterator[Metric]:
+    """The HTTP/3 front end's admission counters and the QUIC connections it holds now."""
+    stats = front_end.admission
+    for field, name, doc in QUIC_COUNTERS:
+        family = CounterMetricFamily(f"{prefix}_{name}", doc)
+        family.add_metric([], getattr(stats, field))
+        yield family
+    yield GaugeMetricFamily(f"{prefix}_quic_connections", "QUIC connections the HTTP/3 front end holds now "
+                            "(handshaking or open), counted against max_connections.", value=front_end.held)
+
+
 PREFIX = "eloquent"
 LEGACY_PREFIX = "eloquent_sse"
 """The names of before issue 26 (every stream was ``eloquent_sse_*``, datagram ones too): kept as aliases."""
@@ -155,6 +184,9 @@ class StreamMetrics:
         """The app's ``transports.drain.Drain`` (``Drain.attach``): readiness and drained streams, at scrape time."""
         self.bodies: Any = None
         """The ledger of incomplete request bodies (``transports.body_budget.HeldBodies``), read at scrape time."""
+        self.quic: Any = None
+        """The HTTP/3 front end serving this app (``Http3Server``; ``eloquent serve`` sets it): its listener's
+        admission counters and the connections it holds, at scrape time."""
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         try:
             self.registry.register(self)
@@ -194,6 +226,8 @@ class StreamMetrics:
         yield from self._families(self.prefix)
         if self.legacy_prefix is not None:
             yield from self._families(self.legacy_prefix)
+        if self.quic is not None:  # new names only: no legacy alias
+            yield from quic_families(self.prefix, self.quic)
 
     def _histograms(self) -> Iterator[Metric]:
         for attr, name, doc, bounds in _HISTOGRAMS:

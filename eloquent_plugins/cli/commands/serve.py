@@ -26,6 +26,9 @@ from eloquent_plugins.transports.drain import Drain
 from eloquent_plugins.transports.telemetry import configure_from_env
 
 log = logging.getLogger("eloquent.serve")
+QUIC_MAX_CONNECTIONS = 2048
+QUIC_MAX_CONNECTIONS_PER_ADDRESS = 128
+"""``FrontEndOptions``' defaults, spelled here so that building the parser loads no aioquic (a test compares)."""
 AFTER_DRAIN = 2
 """uvicorn's graceful shutdown once the drain is done: every stream finished or was handed over, so this only
 bounds requests that are no stream (and idle keep-alive connections)."""
@@ -44,6 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                 help="built-in engine: seconds before the first token")
     add_setting(parser, "--quic-retry", choices=("auto", "always", "off"), default="auto",
                 help="HTTP/3 stateless Retry (address validation): under load, always, or never")
+    add_setting(parser, "--quic-max-connections", type=numbers.positive, default=QUIC_MAX_CONNECTIONS,
+                metavar="N", help="HTTP/3: QUIC connections held at once; at it, the one idle longest (no request) is "
+                "closed (H3_EXCESSIVE_LOAD) for a newcomer, else the newcomer is refused; one carrying a request "
+                "never is")
+    add_setting(parser, "--quic-max-connections-per-address", type=numbers.positive,
+                default=QUIC_MAX_CONNECTIONS_PER_ADDRESS, metavar="N",
+                help="HTTP/3: the same, from one IP address (its own idle connections are closed first)")
     add_setting(parser, "--server-id", type=_server_id, default=None, metavar="HEX", shown="random ids",
                 help="HTTP/3: put this server id (1-15 octets, hex) in every QUIC connection id issued, in the "
                 "QUIC-LB plaintext layout, for balancers that route QUIC by connection id")
@@ -107,13 +117,17 @@ async def serve(args: argparse.Namespace, config) -> int:  # type: ignore[no-unt
             h3 = await start_http3_server(app, host=args.host, port=udp_port, config=config, plugin_manager=pm,
                                           options=FrontEndOptions.from_env(
                                               retry=args.quic_retry, cors_origins=parse_origins(args.cors_origin),
-                                              page_ports=(args.port,), server_id=args.server_id),
+                                              page_ports=(args.port,), server_id=args.server_id,
+                                              max_connections=args.quic_max_connections,
+                                              max_connections_per_address=args.quic_max_connections_per_address),
                                           drain=drain, bodies=stack.bodies)
         except OSError as exc:  # certificate trouble is a ConfigError already: this is the bind
             raise listen_error(exc, "udp", args.host, udp_port) from None
         log.info("HTTP/3 (Eloquent datagrams) on udp://%s:%s", args.host, h3.port)
         if stack.alt_svc is not None:
             stack.alt_svc.port = h3.port
+        if stack.streams is not None:
+            stack.streams.metrics.quic = h3  # the listener's admission counters on /metrics
     # Everything built so far (modules, the app, the engine's corpus) lives as long as the process: move it out of
     # the collector's sight, so a full collection under load scans only the streams' own objects (shorter pauses).
     await warn_unreachable(args.upstream)

@@ -99,6 +99,12 @@ class Http3Connection(H3Protocol):
     def peer_accepts_datagrams(self) -> bool:
         return self.h3 is not None and self.h3.peer_accepts_datagrams
 
+    @property
+    def carries_streams(self) -> bool:
+        """A request or a WebTransport session is live: the listener never closes this connection to admit
+        another, and its idle clock does not run (``h3glue.connection_caps``)."""
+        return bool(self.requests) or (self.webtransport is not None and bool(self.webtransport.sessions))
+
     # ---- network -----------------------------------------------------------------------------------------
     def after_input(self) -> None:
         if not self.terminated and peer_closed(self.quic):

@@ -20,7 +20,8 @@ class FrontEndOptions:
     """Transport details beyond ``StreamConfig`` (defaults suit loopback demos and real paths alike)."""
 
     idle_timeout: float = 60.0
-    """QUIC idle timeout; must exceed any outage a stream should survive."""
+    """QUIC idle timeout; must exceed any outage a stream should survive. Also how long a connection may carry no
+    request or session: then it is closed (H3_NO_ERROR), however often the client PINGs."""
     fallback_after: float = 1.0
     """Seconds after the trailer before still-unacked events go on the reliable stream."""
     record_timings: bool = False
@@ -44,6 +45,12 @@ class FrontEndOptions:
     """Handshakes not yet address-validated from one IP address; past it a Retry ("auto") or a drop ("off")."""
     handshake_timeout: float = 10.0
     """A connection whose handshake is not complete by then is dropped, nothing sent (not kept ``idle_timeout``)."""
+    max_connections: int = 2048
+    """QUIC connections held at once, handshaking or open (each costs about 96 KiB): at it, the one idle longest
+    (no request for a second or more) is closed with H3_EXCESSIVE_LOAD for a newcomer, else the newcomer is
+    refused (CONNECTION_REFUSED); a connection carrying a request is never closed for a newcomer."""
+    max_connections_per_address: int = 128
+    """The same, from one IP address (the address's own idle connections are closed first)."""
     webtransport_path: str | None = "/eloquent/wt"
     """Where browsers open WebTransport sessions (docs/BROWSER.md; the JS client's default path too); None or ""
     turns WebTransport off."""
@@ -88,11 +95,14 @@ class FrontEndOptions:
             raise ConfigError(f"retry must be one of {', '.join(RETRY_MODES)}, not {self.retry!r}")
         if min(self.retry_threshold, self.max_handshakes, self.max_handshakes_per_address) < 1:
             raise ConfigError("retry_threshold, max_handshakes and max_handshakes_per_address must be >= 1")
+        if min(self.max_connections, self.max_connections_per_address) < 1:
+            raise ConfigError("max_connections and max_connections_per_address must be >= 1")
         if self.webtransport_path and not self.webtransport_path.startswith("/"):
             raise ConfigError(f"webtransport_path must start with /, not {self.webtransport_path!r}")
 
 
 ENV_FIELDS: dict[str, Callable[[str], Any]] = {
     "idle_timeout": float, "handshake_timeout": float, "retry": str, "retry_threshold": int,
-    "max_handshakes": int, "max_handshakes_per_address": int, "webtransport_path": str}
+    "max_handshakes": int, "max_handshakes_per_address": int, "max_connections": int,
+    "max_connections_per_address": int, "webtransport_path": str}
 """FrontEndOptions fields ``from_env`` reads (``ELOQUENT_QUIC_<NAME>``)."""

@@ -12,7 +12,9 @@ abuse limits), and ``eloquent_plugins.h3glue`` (every access to aioquic internal
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, Self
@@ -35,6 +37,11 @@ from eloquent_plugins.transports.http3.options import FrontEndOptions
 from eloquent_plugins.transports.http3.state import ServerState
 
 log = logging.getLogger("eloquent_plugins.transports.http3")
+UDP_RECEIVE_BUFFER = 4 << 20
+"""``SO_RCVBUF`` asked for the listening socket (the kernel caps it at ``net.core.rmem_max``). Its default, 208 KiB,
+holds a few hundred small datagrams: a server descheduled for tens of milliseconds on a busy host dropped its
+clients' ACKs and requests among a swarm's PINGs and handshakes (issue 28), and each lost ack stalls a datagram
+stream until its fallback."""
 RENEWAL_CHECK = 3600.0
 """Seconds between checks of the development certificate's expiry (it is renewed with 2 days left)."""
 
@@ -103,6 +110,11 @@ class Http3Server:
         """Connections still in the handshake now."""
         return self._server.handshaking
 
+    @property
+    def held(self) -> int:
+        """Connections counted against ``max_connections`` now (handshaking or open)."""
+        return self._server.caps.count
+
     async def close(self) -> None:
         if self._renewal is not None:
             self._renewal.cancel()
@@ -159,14 +171,21 @@ async def start_http3_server(app: Callable[..., Any], *, host: str, port: int, c
     if lifespan:
         manager = Lifespan(app)
         await manager.startup()
-    _, server = await asyncio.get_running_loop().create_datagram_endpoint(
+    transport, server = await asyncio.get_running_loop().create_datagram_endpoint(
         lambda: GuardedQuicServer(configuration=quic, create_protocol=partial(Http3Connection, state=state),
                                   retry=options.retry, retry_threshold=options.retry_threshold,
                                   max_handshakes=options.max_handshakes,
                                   max_handshakes_per_address=options.max_handshakes_per_address,
                                   handshake_timeout=options.handshake_timeout,
+                                  max_connections=options.max_connections,
+                                  max_connections_per_address=options.max_connections_per_address,
+                                  streamless_timeout=options.idle_timeout,
                                   new_cid=lb.new_cid if (lb := options.quic_lb) is not None else None),
         local_addr=(host, port))
     assert isinstance(server, GuardedQuicServer)
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):  # best effort: the kernel may refuse or cap it
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UDP_RECEIVE_BUFFER)
     bound = server_sockname(server) or (host, port)
     return Http3Server(server, state, host, int(bound[1]), manager)

@@ -14,7 +14,6 @@ import contextlib
 import gc
 import os
 import socket
-import ssl
 import subprocess
 import threading
 import time
@@ -23,23 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aioquic.asyncio.protocol import QuicConnectionProtocol
-from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.connection import QuicConnection
-from aioquic.quic.events import HandshakeCompleted
 from eloquent_client import EloquentClient, Http3ClientConnection
 from eloquent_client.events import ClientError
 
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.engine import EngineConfig, create_engine_app
-from eloquent_plugins.h3glue.common import ALPN
-from eloquent_plugins.h3glue.listener import GuardedQuicServer, aioquic_drift
+from eloquent_plugins.h3glue.listener import aioquic_drift
 from eloquent_plugins.transports.http3.options import FrontEndOptions
 from eloquent_plugins.transports.http3.server import start_http3_server
-from eloquent_plugins.transports.http3.server import quic_server_configuration
+from tests.support.quic_wire import SERVER, handshake, listener, quic_client, send_initial
 from tests.support.servers import eloquent_serve_process, free_port
 
-SERVER = ("127.0.0.1", 4433)
 CHAT = {"model": "eloquent-builtin", "messages": [{"role": "user", "content": "flood"}], "stream": True}
 
 
@@ -52,30 +45,6 @@ def fake_initial() -> bytes:
 
 def is_retry(datagram: bytes) -> bool:
     return datagram[0] & 0xF0 == 0xF0  # long header, QUIC v1 packet type 3
-
-
-class Wire:
-    """The listener's transport, in memory: what it sends is kept."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[bytes, Any]] = []
-
-    def sendto(self, data: bytes, addr: Any = None) -> None:
-        self.sent.append((bytes(data), addr))
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return SERVER if name == "sockname" else default
-
-    def close(self) -> None:
-        pass
-
-    def is_closing(self) -> bool:
-        return False
-
-    def take(self, addr: Any) -> list[bytes]:
-        mine = [data for data, to in self.sent if to == addr]
-        self.sent = [(data, to) for data, to in self.sent if to != addr]
-        return mine
 
 
 class CountingDict(dict):  # type: ignore[type-arg]
@@ -103,40 +72,6 @@ class CountingDict(dict):  # type: ignore[type-arg]
     def keys(self) -> Any:
         type(self).walks += 1
         return super().keys()
-
-
-def listener(**limits: Any) -> tuple[GuardedQuicServer, Wire]:
-    server = GuardedQuicServer(configuration=quic_server_configuration(StreamConfig(), FrontEndOptions()),
-                               create_protocol=QuicConnectionProtocol, **limits)
-    wire = Wire()
-    server.connection_made(wire)  # type: ignore[arg-type]
-    return server, wire
-
-
-def quic_client() -> QuicConnection:
-    config = QuicConfiguration(alpn_protocols=ALPN, is_client=True)
-    config.verify_mode = ssl.CERT_NONE
-    client = QuicConnection(configuration=config)
-    client.connect(SERVER, now=time.monotonic())
-    return client
-
-
-def send_initial(server: GuardedQuicServer, client: QuicConnection, addr: Any) -> None:
-    for data, _ in client.datagrams_to_send(now=time.monotonic()):
-        server.datagram_received(data, addr)
-
-
-def handshake(server: GuardedQuicServer, wire: Wire, client: QuicConnection, addr: Any) -> bool:
-    """Play the client side in memory until its handshake completes (a Retry is followed like any client)."""
-    for _ in range(20):
-        send_initial(server, client, addr)
-        for data in wire.take(addr):
-            client.receive_datagram(data, SERVER, now=time.monotonic())
-        while (event := client.next_event()) is not None:
-            if isinstance(event, HandshakeCompleted):
-                send_initial(server, client, addr)  # the client's Finished
-                return True
-    return False
 
 
 def address(i: int) -> tuple[str, int]:
