@@ -209,3 +209,22 @@ def test_bench_e2e_trace_shared_queue_one_scheme(traces: str, monkeypatch, capsy
     row = next(line for line in out.splitlines() if line.startswith("link=Outage,cross=0"))
     assert row.split()[1] == "eloquent"
     assert "retransmission" not in out and "duplication" not in out
+
+
+def test_bench_sim_links_recarry_bounds_and_limit(traces: str, tmp_path, monkeypatch) -> None:
+    """What re-carrying costs: Eloquent sends more than without re-carrying, which sends more than one packet per
+    token; with ``--recarry-limit 1`` Eloquent sends as the variant without it does, and still renders everything."""
+    monkeypatch.setenv("ELOQUENT_TRACES_DIR", traces)
+    rows = {}
+    for limit in ("1", "0"):  # 1 byte: past it at once; 0: no limit
+        out = tmp_path / f"bounds{limit}.json"
+        assert main(["bench", "sim", "--links", "traces", "--trace", "Outage", "--cross", "1", "--seeds", "1",
+                     "--streams", "1", "--tokens", "60", "--jobs", "1", "--recarry-bounds", "--recarry-limit", limit,
+                     "--json", str(out)]) == 0
+        rows[limit] = json.loads(out.read_text())["rows"][0]["schemes"]
+    plain = rows["0"]
+    assert plain["once"]["bytes"] < plain["eloquent-new-only"]["bytes"] < plain["eloquent"]["bytes"]
+    assert plain["once"]["stall"] <= plain["eloquent"]["stall"] + 1e-9  # a bound: each packet renders all before
+    capped = rows["1"]
+    assert capped["eloquent"]["bytes"] < plain["eloquent"]["bytes"]
+    assert capped["eloquent"]["bytes"] == pytest.approx(capped["eloquent-new-only"]["bytes"], rel=0.1)
