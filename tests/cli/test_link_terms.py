@@ -67,3 +67,16 @@ def test_the_client_log_names_the_delivering_packet() -> None:
     assert exact.due == pytest.approx((records[0].due,))
     assert exact.terms(ONE_WAY)["net"] == pytest.approx([0.0])
     assert bound.terms(ONE_WAY)["net"] == pytest.approx([0.010])
+
+
+def test_held_is_the_wait_before_the_first_datagram() -> None:
+    from eloquent_plugins.cli.bench.link_terms import held_times
+    from eloquent_plugins.core.events import EventKind
+    from eloquent_plugins.core.wire import DataPacket, Entry, encode_packet
+
+    def datagram(first: int, last: int) -> bytes:
+        entries = tuple(Entry(i, EventKind.DATA, b"x") for i in range(first, last + 1))
+        return encode_packet(DataPacket(0, first, None, first, entries))
+
+    sends = [(1.000, datagram(0, 0), 0), (1.300, datagram(0, 1), 1), (1.301, datagram(0, 2), 2)]
+    assert held_times([1.0, 1.03, 1.30], sends) == pytest.approx((0.0, 0.27, 0.001))

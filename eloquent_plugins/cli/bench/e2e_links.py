@@ -20,11 +20,18 @@ import json
 import sys
 import time
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from eloquent_plugins.cli.bench.e2e_bulk import BulkSchedule, bulk_alone, bulk_app, sleep_until
-from eloquent_plugins.cli.bench.link_terms import ClientArrivals, TokenTimes, log_arrivals, mean_terms_ms, token_times
+from eloquent_plugins.cli.bench.link_terms import (
+    ClientArrivals,
+    TokenTimes,
+    held_times,
+    log_arrivals,
+    mean_terms_ms,
+    token_times,
+)
 from eloquent_plugins.cli.harness import (
     SCHEMES,
     Conditions,
@@ -107,7 +114,11 @@ async def _run_group(conditions: Conditions, workload: Workload, schemes: tuple[
             down = h.relay.record_of(k, "down")
             for run in out.streams:
                 if run.scheme == scheme and run.error is None:
-                    out.times[id(run)] = token_times(queue, run.generated, run.rendered, down, origin, logs[scheme])
+                    times = token_times(queue, run.generated, run.rendered, down, origin, logs[scheme])
+                    sends = h.server.datagram_sends(run.request_id) if run.request_id else None
+                    if sends is not None:
+                        times = replace(times, held=held_times(run.generated, sends[1]))
+                    out.times[id(run)] = times
         if schedule is not None:
             out.cross_bps = schedule.throughput()
             bulk = [h.relay.client_stats(k)["down"] for k in range(len(schemes), h.relay.stats.clients)]
@@ -210,7 +221,9 @@ def run_trace(args: Any, workload: Workload) -> int:
     print("\nper-token terms above the link's floor, mean ms (pre: processing before the bottleneck, as the trace "
           "makes it cost; net: the network and the scheme's recovery; post: relay timer and client):")
     for k, t in out.terms_ms.items():
-        print(f"  {name(k):<20} pre {t['pre']:8.2f}  net {t['net']:8.2f}  post {t['post']:8.2f}")
+        held = (f"  (held by QUIC's window {t['held']:.2f}, {t['held_tokens']:.0f} tokens over 5 ms)"
+                if "held" in t else "")
+        print(f"  {name(k):<20} pre {t['pre']:8.2f}  net {t['net']:8.2f}  post {t['post']:8.2f}{held}")
     shifts = out.first_token_shift
     summary = out.result.summary()
     print(f"\n{workload.requests} requests x {workload.max_tokens} tokens per scheme, "

@@ -18,7 +18,10 @@ From the relay's record of one client's server -> client packets, per token (tim
   wrote to the client at or before the render (never earlier than the true one: an upper bound).
 
 ``pre = ready_a - ready_g``, ``net = due - one_way - ready_a``, ``post = render - due``; the table's lateness is
-``pre + net + post + one_way - d``. The **network-only stall** is ``stall_metrics(ready_a, due, one_way)``: the
+``pre + net + post + one_way - d``. For the datagram schemes the front end's log adds ``held`` (inside ``pre`` and
+``net``: other packets, such as QUIC's ACKs, may leave meanwhile): how long the token waited in the front end
+before its first datagram went to QUIC, which is aioquic's congestion window holding it (the simulator's Eloquent
+has no window and sends at once). The **network-only stall** is ``stall_metrics(ready_a, due, one_way)``: the
 project's stall ratio (``core.stall``, unchanged) on the times the network alone produced, from where this
 machine put the packet into the bottleneck. In the simulator, with no processing, it is the table's stall.
 """
@@ -35,7 +38,7 @@ from eloquent_plugins.core.stall import stall_metrics
 from eloquent_plugins.sim.netem import TraceQueue
 from eloquent_plugins.sim.relay_record import PacketRecord
 
-TERMS = ("pre", "net", "post")
+TERMS = ("pre", "net", "post", "held")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +49,13 @@ class TokenTimes:
     ready_a: tuple[float, ...]
     due: tuple[float, ...]
     rendered: tuple[float, ...]
+    held: tuple[float, ...] = ()
+    """Datagram schemes: per token, its first datagram's send (front end's log) minus its generation."""
 
     def terms(self, one_way: float) -> dict[str, list[float]]:
         return {"pre": [a - g for g, a in zip(self.ready_g, self.ready_a)],
                 "net": [max(0.0, u - one_way - a) for a, u in zip(self.ready_a, self.due)],
-                "post": [r - u for u, r in zip(self.due, self.rendered)]}
+                "post": [r - u for u, r in zip(self.due, self.rendered)], "held": list(self.held)}
 
     def network_stall(self, one_way: float) -> float:
         return stall_metrics(self.ready_a, self.due, one_way).stall_ratio
@@ -108,10 +113,25 @@ def token_times(queue: TraceQueue, generated: Sequence[float], rendered: Sequenc
     return TokenTimes(tuple(ready_g), tuple(ready_a), tuple(due), tuple(rend))
 
 
+def held_times(generated: Sequence[float], sends: Sequence[tuple[float, bytes, int]]) -> tuple[float, ...]:
+    """Per token, its first datagram's send minus its generation (``Http3Server.datagram_sends``' log)."""
+    from eloquent_plugins.sim.timeline_record import carried
+
+    first: dict[int, float] = {}
+    for sent, datagram, _ in sends:
+        for index in carried(datagram)[1]:
+            first.setdefault(index, sent)
+    return tuple(max(0.0, first[i] - g) if i in first else 0.0 for i, g in enumerate(generated))
+
+
 def mean_terms_ms(streams: Sequence[TokenTimes], one_way: float) -> dict[str, float]:
-    """Each term's mean over every token of ``streams``, in milliseconds."""
+    """Each term's mean over every token of ``streams``, in milliseconds; ``held`` only where logged, and
+    ``held_tokens``: how many tokens waited more than 5 ms for the window."""
     out: dict[str, float] = {}
     for name in TERMS:
         values = [x for s in streams for x in s.terms(one_way)[name]]
-        out[name] = 1000 * statistics.fmean(values) if values else 0.0
+        if values or name != "held":
+            out[name] = 1000 * statistics.fmean(values) if values else 0.0
+    if any(s.held for s in streams):
+        out["held_tokens"] = float(sum(1 for s in streams for x in s.held if x > 0.005))
     return out
