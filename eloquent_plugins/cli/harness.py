@@ -13,7 +13,7 @@ import asyncio
 import statistics
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from eloquent_plugins.cli import numbers
@@ -240,20 +240,22 @@ class Harness:
 async def harness(conditions: Conditions, workload: Workload, *, record: bool = False,
                   redundancy: str | int | None = None, page_origins: tuple[str, ...] = (),
                   wrap: Callable[[ASGIApp], ASGIApp] | None = None, padding: str = "off",
-                  send_tick: float = 0.0) -> AsyncIterator[Harness]:
+                  send_tick: float = 0.0, congestion_control: str | None = None) -> AsyncIterator[Harness]:
     """``record``: the relay keeps every packet (per-token timelines); ``redundancy``: the datagram senders'
     ``SenderConfig.redundancy`` (None: the default); ``page_origins``: pages that may open WebTransport sessions;
     ``wrap``: around the engine app (a bulk route beside it); ``padding``: the front end's ``--padding`` (its
     datagrams; the engine app is bare, so the reliable stream's SSE is not padded); ``send_tick``: its ``--send-tick``
-    (datagrams only at multiples of it; the reliable stream is not paced, for the same reason)."""
+    (datagrams only at multiples of it; the reliable stream is not paced, for the same reason);
+    ``congestion_control``: the front end's (None: its default)."""
     app: ASGIApp = create_engine_app(EngineConfig(ttft=workload.ttft, tpot=workload.tpot,
                                                   max_tokens_limit=max(8192, workload.max_tokens)))
     if wrap is not None:
         app = wrap(app)
-    config = StreamConfig(padding=padding, send_tick=send_tick)
-    server = await start_http3_server(app, host="127.0.0.1", port=0, config=config,
-                                      options=FrontEndOptions(record_timings=True, sender_redundancy=redundancy,
-                                                              cors_origins=page_origins))
+    options = FrontEndOptions(record_timings=True, sender_redundancy=redundancy, cors_origins=page_origins)
+    if congestion_control is not None:
+        options = replace(options, congestion_control=congestion_control)
+    server = await start_http3_server(app, host="127.0.0.1", port=0,
+                                      config=StreamConfig(padding=padding, send_tick=send_tick), options=options)
     try:
         up, down = conditions.paths()
         relay = await start_relay(RelayConfig(target=("127.0.0.1", server.port), upstream=up, downstream=down,

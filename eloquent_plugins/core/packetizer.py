@@ -65,7 +65,8 @@ class Packetizer:
         cached ones against each predecessor) oldest-first into at most ``max_run_datagrams`` self-contained
         datagrams."""
         limits = self.config.limits
-        carry = self.config.carry_unacked
+        # Which packet carried each event, for ``Recovery.carrier_lost``: when runs do not carry everything.
+        track = only_new or not self.config.carry_unacked or self.config.recarry_limit is not None
         budget = self._budget
         ref_index = base - 1 if reference is not None else None
         datagrams: list[bytes] = []
@@ -94,7 +95,7 @@ class Packetizer:
                 if size + entry_size > budget:  # too big for any datagram: fragment it
                     datagrams.extend(self._fragments(event, now))
                     self._note_sent(event.index)
-                    if not carry:
+                    if track:
                         self._recovery.on_carried(event.index, self.next_number - 1)
                     continue
             entries.append(entry)
@@ -102,11 +103,15 @@ class Packetizer:
             size += entry_size
             previous = event.payload
             self._note_sent(event.index)
-            if not carry:
+            if track:
                 self._recovery.on_carried(event.index, self.next_number)  # the number the pending packet takes
         if entries:
             datagrams.append(self._data_packet(ref_index, entries, encoded, now))
         return datagrams
+
+    def unacked_bytes(self) -> int:
+        """Encoded bytes of the unacked events built so far (``SenderConfig.recarry_limit``)."""
+        return sum(size for _, size, _ in self._encoded.values())
 
     def forget(self, index: int) -> None:
         """Event ``index`` was acknowledged: it is never sent again."""

@@ -157,13 +157,18 @@ class EloquentSender:
               and not self._pending & _RUN):
             # The receiver has our newest flush but still misses its start: part of a split run was lost.
             self._pending |= _PROBE
-        if not self.config.carry_unacked and self._unacked:
+        if (not self.config.carry_unacked or self.config.recarry_limit is not None) and self._unacked:
             # Packets carry only new events here, so a lost one is never repaired by the next: once the packet
             # carrying the oldest unacked event is deemed lost, the run is resent from it (a retransmission).
             if recovery.carrier_lost(self._unacked[0].index, ack.largest_packet_number):
                 self._pending |= _PROBE
         if not self._pending:
             self._release_at = None  # the held probe was answered: new work waits for its own multiple
+
+    def _recarry_capped(self) -> bool:
+        """``SenderConfig.recarry_limit``: the sent part of the unacked run is past it."""
+        limit = self.config.recarry_limit
+        return limit is not None and self._packetizer.unacked_bytes() > limit
 
     def copies_now(self) -> int:
         """How many copies of each run datagram the next flush sends (``SenderConfig.redundancy``)."""
@@ -224,8 +229,9 @@ class EloquentSender:
             packetizer, recovery = self._packetizer, self._recovery
             if pending & _RUN:
                 recovery.new_data_at = now
+            carry = self.config.carry_unacked and not self._recarry_capped()
             datagrams = packetizer.build_run(self._unacked, self._base, self._reference, self._deltas, now,
-                                             only_new=not (pending & _PROBE or self.config.carry_unacked))
+                                             only_new=not (pending & _PROBE or carry))
             last = packetizer.next_number - 1
             copies = recovery.copies()
             if copies > 1:

@@ -30,6 +30,11 @@ class SenderConfig:
     carry_unacked: bool = True
     """The Eloquent rule: every packet carries the whole unacked run. False sends only new events (tail
     probes still resend the run): the packet-duplication baseline, driven by the same machine."""
+    recarry_limit: int | None = None
+    """Bytes of already-sent unacked events a flush for new events re-carries at most (None: all, the Eloquent
+    rule). Past it, such a flush carries only the new events, and a loss is repaired as with ``carry_unacked``
+    off (the run once an ack shows its carrier lost, or on a probe): under a long queue the run is mostly in
+    flight, not lost, and re-carrying it is what a token stream costs a flow beside it (docs/results/redundancy.md)."""
     copies: int = 1
     """Send each datagram this many times (2 for the duplication baseline)."""
     redundancy: Literal["off", "adaptive"] | int = "off"
@@ -53,6 +58,8 @@ class SenderConfig:
     next multiple and go in one run; probes and keep-alives wait for the multiple at or after their deadline."""
 
     def __post_init__(self) -> None:
+        if self.recarry_limit is not None and (isinstance(self.recarry_limit, bool) or self.recarry_limit < 0):
+            raise ConfigError(f"recarry_limit must be None or >= 0 bytes, got {self.recarry_limit!r}")
         if self.copies < 1:
             raise ConfigError(f"copies must be >= 1, got {self.copies}")
         r = self.redundancy

@@ -34,6 +34,9 @@ class LinkFigures:
     cross_alone_bps: float | None = None
     cross_loss: float | None = None
     streams: int = 0
+    stall_net: float | None = None
+    """The stall above the floor on the times the network alone produced (end to end: ``cli/bench/link_terms``,
+    this machine's processing re-based and taken away); the simulator has no processing: there it is ``stall``."""
 
     @property
     def cross_throughput_loss(self) -> float | None:
@@ -62,7 +65,7 @@ def link_figures(streams: Iterable[StreamRun], pace: float = DEFAULT_READING_PAC
     cross = [d for d in details if "cross_bps" in d]
     segments = sum(d["cross_segments"] for d in cross)
     return LinkFigures(
-        stall=_mean([m.stall_ratio for m in floor]), stall_raw=_mean([m.stall_ratio for m in raw]),
+        stall=(stall := _mean([m.stall_ratio for m in floor])), stall_net=stall, stall_raw=_mean([m.stall_ratio for m in raw]),
         qoe=_mean([m.qoe for m in raw]),
         first_token=_mean([r.rendered[0] - r.generated[0] for r in runs]),
         lateness_p95=late[int(0.95 * (len(late) - 1))] if late else 0.0,
@@ -75,14 +78,15 @@ def link_figures(streams: Iterable[StreamRun], pace: float = DEFAULT_READING_PAC
 
 
 def format_links_table(rows: Sequence[tuple[str, dict[str, LinkFigures]]]) -> str:
-    header = (f"{'link':<34} {'scheme':<20} {'stall':>6} {'raw':>6} {'QoE':>6} {'1st ms':>7} {'p95 ms':>7} "
+    header = (f"{'link':<34} {'scheme':<20} {'stall':>6} {'net':>6} {'raw':>6} {'QoE':>6} {'1st ms':>7} {'p95 ms':>7} "
               f"{'KB':>7} {'loss':>6} {'x Mb/s':>7} {'x cost':>7} {'x loss':>7}")
     lines = [header, "-" * len(header)]
     for label, schemes in rows:
         for i, (name, f) in enumerate(schemes.items()):
             cross = ("" if f.cross_bps is None else
                      f"{f.cross_bps / 1e6:>7.2f} {f.cross_throughput_loss or 0.0:>7.2%} {f.cross_loss or 0.0:>7.2%}")
-            lines.append(f"{label if i == 0 else '':<34} {name:<20} {f.stall:>6.3f} {f.stall_raw:>6.3f} "
+            net = "" if f.stall_net is None else f"{f.stall_net:.3f}"
+            lines.append(f"{label if i == 0 else '':<34} {name:<20} {f.stall:>6.3f} {net:>6} {f.stall_raw:>6.3f} "
                          f"{f.qoe:>6.3f} {f.first_token * 1000:>7.0f} {f.lateness_p95 * 1000:>7.0f} "
                          f"{f.bytes / 1024:>7.1f} {f.own_loss:>6.2%} {cross}")
     return "\n".join(lines)

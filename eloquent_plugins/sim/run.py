@@ -33,6 +33,12 @@ ELOQUENT_X2 = "eloquent-x2"
 """Sensitivity variant: the real Eloquent sender's datagrams each sent twice back to back by the driver."""
 ELOQUENT_ADAPTIVE = "eloquent-adaptive"
 """Sensitivity variant: the real Eloquent sender with ``SenderConfig(redundancy="adaptive")``."""
+ELOQUENT_NEW_ONLY = "eloquent-new-only"
+"""Sensitivity variant: the real sender with ``carry_unacked=False`` (each packet carries only new events; a loss is
+repaired by resending the run once an ack shows its carrier lost, or by a probe): Eloquent without re-carrying."""
+ONCE = "once"
+"""A bound on a real link, not a protocol: every token's packet once, at its generation, as big as an Eloquent
+datagram carrying that token alone; no acks, no recovery (``run_once``)."""
 ALL_SCHEMES = (*SCHEMES[:1], RACK_TLP, *SCHEMES[1:3], ELOQUENT_ADAPTIVE, ELOQUENT_X2, SCHEMES[3])
 _TIME_GUARD = 900.0
 
@@ -207,16 +213,19 @@ def run_eloquent(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, tra
                  copies: int = 1, scheme: str = "eloquent", redundancy: str | int | None = None,
                  padding: PaddingPolicy | None = None,
                  observe: Callable[[float, bytes], None] | None = None,
-                 link: LinkRun | None = None, send_tick: float = 0.0) -> StreamRun:
+                 link: LinkRun | None = None, send_tick: float = 0.0, carry_unacked: bool = True) -> StreamRun:
     """``redundancy`` None keeps the sender's default; otherwise it sets ``SenderConfig.redundancy``.
     ``padding`` and ``send_tick`` set ``SenderConfig``'s; ``observe(now, datagram)`` sees every data datagram sent
     (what an observer of the path sees, ``bench leak``)."""
     path = scenario.path_config(trace)
     loop = EventLoop()
     renders = _Renders(len(timeline.times))
-    config = None if redundancy is None and padding is None and not send_tick else replace(
+    limit = scenario.recarry or None
+    plain = redundancy is None and padding is None and not send_tick and carry_unacked and limit is None
+    config = None if plain else replace(
         SenderConfig(), initial_rtt=_initial_rtt(scenario), keepalive=KeepAlivePolicy(interval=0.0),
-        redundancy="off" if redundancy is None else redundancy, padding=padding, send_tick=send_tick)
+        redundancy="off" if redundancy is None else redundancy, padding=padding, send_tick=send_tick,
+        carry_unacked=carry_unacked, recarry_limit=limit)
 
     def send_data(datagram: bytes) -> None:
         if observe is not None:
@@ -278,6 +287,61 @@ def run_oracle(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, trace
     return StreamRun("oracle", timeline.times, tuple(rendered), path.min_delay, 0, 0)
 
 
+def single_token_sizes(timeline: Timeline) -> list[int]:
+    """Per token, the bytes of an Eloquent datagram carrying it alone (a delta against the token before), with
+    ``QUIC_DATAGRAM_HEADER``: the least a token's packet takes."""
+    from eloquent_plugins.core.delta import make_delta
+    from eloquent_plugins.core.events import EventKind
+    from eloquent_plugins.core.wire import DataPacket, Entry, encode_packet
+
+    sizes: list[int] = []
+    previous: bytes | None = None
+    for index, payload in enumerate(timeline.payloads):
+        entry = Entry(index, EventKind.DATA, payload)
+        if previous is not None:
+            prefix, suffix, middle = make_delta(previous, payload)
+            entry = min(entry, Entry(index, EventKind.DATA, middle, True, prefix, suffix), key=Entry.encoded_size)
+        packet = DataPacket(0, index, None if previous is None else index - 1, index, (entry,))
+        sizes.append(QUIC_DATAGRAM_HEADER + len(encode_packet(packet)))
+        previous = payload
+    return sizes
+
+
+def run_once(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, link: LinkRun) -> StreamRun:
+    """``ONCE``: token i renders at the first arrival of its packet or a later one (as if each carried every token
+    before it); after the last token one more packet per mean token interval until one gets through."""
+    path = scenario.path_config()
+    loop = EventLoop()
+    forward, reverse = link.paths(path, timeline, seeds)
+    bulk = link.bulk(loop, forward, reverse, timeline, _initial_rtt(scenario))
+    sizes = single_token_sizes(timeline)
+    arrivals: list[float | None] = [None] * len(sizes)
+    sent = [0]
+
+    def send(index: int) -> None:
+        sent[0] += sizes[index]
+        arrivals[index] = forward.transmit(loop.now, sizes[index])
+
+    def tail(when: float) -> None:
+        if arrivals[-1] is None and when - timeline.times[-1] < _TIME_GUARD:
+            send(len(sizes) - 1)
+            loop.at(when + timeline.mean_gap, tail, when + timeline.mean_gap)
+
+    for index, when in enumerate(timeline.times):
+        loop.at(when, send, index)
+    loop.at(timeline.times[-1] + timeline.mean_gap, tail, timeline.times[-1] + timeline.mean_gap)
+    loop.run(timeline.times[-1] + _TIME_GUARD)
+    rendered, best = [math.inf] * len(sizes), math.inf
+    for index in range(len(sizes) - 1, -1, -1):
+        arrival = arrivals[index]
+        best = min(best, math.inf if arrival is None else arrival)
+        rendered[index] = best
+    if math.isinf(best):
+        raise SimulationError(f"{ONCE}: no packet got through")
+    return StreamRun(ONCE, timeline.times, tuple(rendered), path.min_delay, sent[0], forward.stats.packets,
+                     _link_details(forward, reverse, bulk), link_floor(forward, timeline.times))
+
+
 def simulate_stream(scenario: Scenario, seed: int, stream: int, trace: Trace | None = None,
                     schemes: tuple[str, ...] = SCHEMES, real_link: RealLink | None = None) -> dict[str, StreamRun]:
     """``real_link``: the stream runs on that trace pair (from its place in the trace, ``links.stream_offset``),
@@ -304,6 +368,13 @@ def simulate_stream(scenario: Scenario, seed: int, stream: int, trace: Trace | N
         elif scheme == ELOQUENT_ADAPTIVE:
             out[scheme] = run_eloquent(scenario, timeline, seeds, trace, scheme=scheme, redundancy="adaptive",
                                        link=link)
+        elif scheme == ELOQUENT_NEW_ONLY:
+            out[scheme] = run_eloquent(scenario, timeline, seeds, trace, scheme=scheme, carry_unacked=False,
+                                       link=link)
+        elif scheme == ONCE:
+            if link is None:
+                raise ConfigError(f"{ONCE} is a bound on a real link (--links)")
+            out[scheme] = run_once(scenario, timeline, seeds, link)
         elif scheme == ELOQUENT_X2:
             out[scheme] = run_eloquent(scenario, timeline, seeds, trace, copies=2, scheme=scheme, link=link)
         elif scheme == "oracle":

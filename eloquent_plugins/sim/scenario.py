@@ -12,7 +12,7 @@ from eloquent_plugins.sim.netem import GilbertElliott, PathConfig, Trace, load_t
 _KEYS = {
     "loss": "loss", "burst": "burst", "rtt": "rtt_ms", "jitter": "jitter_ms", "tpot": "tpot_ms",
     "bw": "bandwidth_kbps", "tokens": "tokens", "streams": "streams", "trace": "trace", "k": "copies",
-    "link": "link", "cross": "cross", "queue": "queue_packets", "codel": "codel",
+    "link": "link", "cross": "cross", "queue": "queue_packets", "codel": "codel", "recarry": "recarry",
 }
 
 
@@ -41,6 +41,8 @@ class Scenario:
     """The link's drop-tail queue in packets, each direction."""
     codel: int = 0
     """1: CoDel on the link's queue."""
+    recarry: int = 0
+    """The Eloquent schemes' ``SenderConfig.recarry_limit`` in bytes; 0: none (every packet re-carries the run)."""
 
     def __post_init__(self) -> None:
         GilbertElliott(self.loss, self.burst)
@@ -51,6 +53,8 @@ class Scenario:
             require_finite("bw (kbit/s)", self.bandwidth_kbps, strict=True)
         if self.tokens < 1 or self.streams < 1 or self.copies < 1 or self.queue_packets < 1:
             raise ConfigError("tokens, streams, k and queue must be >= 1")
+        if self.recarry < 0:
+            raise ConfigError("recarry (bytes) must be >= 0")
         if self.cross not in (0, 1) or self.codel not in (0, 1):
             raise ConfigError("cross and codel are 0 or 1")
         if self.cross and not self.link:
@@ -71,6 +75,7 @@ class Scenario:
             parts = [f"link={self.link}", f"cross={self.cross}"]
             parts += [f"queue={self.queue_packets}"] if self.queue_packets != 100 else []
             parts += ["codel=1"] if self.codel else []
+            parts += [f"recarry={self.recarry}"] if self.recarry else []
             parts += [f"loss={self.loss:g}"] if self.loss else []
         return ",".join(parts)
 

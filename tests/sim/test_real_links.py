@@ -180,11 +180,51 @@ def test_bench_sim_links_names_a_missing_trace(tmp_path, monkeypatch, capsys) ->
     assert "Nowhere.down" in capsys.readouterr().err
 
 
-def test_bench_e2e_trace_with_a_bulk_download(traces: str, monkeypatch, capsys) -> None:
+def test_bench_e2e_trace_with_a_bulk_download(traces: str, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("ELOQUENT_TRACES_DIR", traces)
+    out_json = tmp_path / "row.json"
     assert main(["bench", "e2e", "--trace", "Steady", "--cross", "--requests", "1", "--tokens", "20",
-                 "--no-cross-baseline", "--no-progress"]) == 0
+                 "--no-cross-baseline", "--no-progress", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
     assert "text identical: True, all completed: True" in out
+    assert "each scheme alone on its own relay" in out
     row = next(line for line in out.splitlines() if line.startswith("link=Steady,cross=1"))
     assert float(row.split()[-3]) > 0  # the bulk download's Mbit/s
+    doc = json.loads(out_json.read_text())
+    assert set(doc["schemes"]) == set(doc["terms_ms"]) == {"eloquent", "retransmission", "duplication"}
+    for scheme, figures in doc["schemes"].items():
+        assert 0.0 <= figures["stall_net"] <= 1.0
+        assert figures["cross_bps"] > 0  # each scheme had its own download beside it
+        assert all(doc["terms_ms"][scheme][k] >= 0 for k in ("pre", "net", "post"))
+    # Request 0's first token is generated near the simulator's stream 0 (WARMUP s into the trace).
+    assert all(abs(shift) < 1.0 for shift in doc["first_token_shift"])
+
+
+def test_bench_e2e_trace_shared_queue_one_scheme(traces: str, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("ELOQUENT_TRACES_DIR", traces)
+    assert main(["bench", "e2e", "--trace", "Outage", "--shared-queue", "--scheme", "eloquent", "--requests", "1",
+                 "--tokens", "20", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "one relay for all" in out
+    row = next(line for line in out.splitlines() if line.startswith("link=Outage,cross=0"))
+    assert row.split()[1] == "eloquent"
+    assert "retransmission" not in out and "duplication" not in out
+
+
+def test_bench_sim_links_recarry_bounds_and_limit(traces: str, tmp_path, monkeypatch) -> None:
+    """What re-carrying costs: Eloquent sends more than without re-carrying, which sends more than one packet per
+    token; with ``--recarry-limit 1`` Eloquent sends as the variant without it does, and still renders everything."""
+    monkeypatch.setenv("ELOQUENT_TRACES_DIR", traces)
+    rows = {}
+    for limit in ("1", "0"):  # 1 byte: past it at once; 0: no limit
+        out = tmp_path / f"bounds{limit}.json"
+        assert main(["bench", "sim", "--links", "traces", "--trace", "Outage", "--cross", "1", "--seeds", "1",
+                     "--streams", "1", "--tokens", "60", "--jobs", "1", "--recarry-bounds", "--recarry-limit", limit,
+                     "--json", str(out)]) == 0
+        rows[limit] = json.loads(out.read_text())["rows"][0]["schemes"]
+    plain = rows["0"]
+    assert plain["once"]["bytes"] < plain["eloquent-new-only"]["bytes"] < plain["eloquent"]["bytes"]
+    assert plain["once"]["stall"] <= plain["eloquent"]["stall"] + 1e-9  # a bound: each packet renders all before
+    capped = rows["1"]
+    assert capped["eloquent"]["bytes"] < plain["eloquent"]["bytes"]
+    assert capped["eloquent"]["bytes"] == pytest.approx(capped["eloquent-new-only"]["bytes"], rel=0.1)

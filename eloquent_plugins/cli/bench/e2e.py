@@ -141,14 +141,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "docs/results/padding.md)")
     parser.add_argument("--trace", default=None, metavar="NAME",
                         help="a cellular trace pair of shared/traces/mahimahi (ELOQUENT_TRACES_DIR) instead of "
-                        "random loss: the relay drains each direction at the trace's opportunities, one queue "
-                        "shared by every client (see bench sim --links traces)")
+                        "random loss: the relay drains each direction at the trace's opportunities; each scheme "
+                        "alone on its own relay and queue, as in bench sim --links traces")
     parser.add_argument("--cross", action="store_true",
                         help="with --trace: a bulk HTTP/3 download through the same relay and queue")
+    parser.add_argument("--shared-queue", action="store_true",
+                        help="with --trace: the schemes at once through one relay, one queue per direction and one "
+                        "bulk download shared by all (default: each scheme alone, like the simulator)")
+    parser.add_argument("--scheme", action="append", choices=SCHEMES, default=None,
+                        help="with --trace: run only this scheme (repeat for several; default: all three)")
     parser.add_argument("--queue-packets", type=numbers.positive, default=100,
                         help="with --trace: the drop-tail queue in packets, each direction (default: %(default)s)")
     parser.add_argument("--no-cross-baseline", action="store_true",
-                        help="with --cross: skip the bulk download's run alone (its throughput baseline)")
+                        help="with --cross: skip the bulk download's runs alone (its throughput baseline)")
     parser.add_argument("--browser", nargs="?", const="all", default=None, choices=("all", "chromium", "firefox"),
                         help="add a row per browser engine (all: both; default when given alone): headless Chromium "
                         "(Debian's chromium, DevTools) and Firefox ESR (firefox-esr, WebDriver BiDi) running /chat "

@@ -1,14 +1,16 @@
 """``eloquent bench e2e --trace NAME [--cross]``: the three schemes end to end over a cellular trace pair, the relay's
-two directions drained at the trace's opportunities (one queue per direction shared by every client), optionally
-beside a real bulk download through the same relay and queue.
+two directions drained at the trace's opportunities, optionally beside a real bulk download (``e2e_bulk``).
 
-The bulk download is an HTTP/3 GET of an endless body from the same front end (``/bulk`` beside the engine), over
-QUIC with the front end's congestion control: the kernel's TCP cannot be routed through a user-space UDP relay
-here (that would need a TUN device and a network namespace), and a split TCP proxy could not drop its packets, so
-the cross flow is congestion-controlled traffic whose losses come from the same queue as the token streams'.
+Like for like with ``bench sim --links traces`` (issue 30): by default each scheme runs **alone** on a fresh relay,
+so it has the trace's queue to itself and its own bulk download, as each scheme has in the simulator; request i's
+first token is generated ``links.WARMUP + i * links.stream_span`` s into the run, the trace second stream i of the
+simulator's run starts at, and its download starts ``WARMUP`` s before. ``--shared-queue`` runs the schemes at
+once through one relay instead (one queue per direction shared by all of them and one download: how they would
+meet on one phone).
 
-Request i starts ``links.WARMUP + i * links.stream_span`` after the relay, the place stream i of the simulator's
-run takes in the trace (``sim.links``), so ``bench sim --links traces`` and this bench sample the same seconds.
+Beside the table's stall above the link's floor (``core.stall`` against ``TraceQueue.floor``), each row gives the
+**network-only** stall (``link_terms``): the same ratio on the times the network alone produced, with this
+machine's processing before the bottleneck re-based and after it taken away, and the per-token terms.
 """
 
 from __future__ import annotations
@@ -17,14 +19,24 @@ import asyncio
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from eloquent_plugins.cli.bench.e2e_bulk import BulkSchedule, bulk_alone, bulk_app, sleep_until
+from eloquent_plugins.cli.bench.link_terms import (
+    ClientArrivals,
+    TokenTimes,
+    held_times,
+    log_arrivals,
+    mean_terms_ms,
+    token_times,
+)
 from eloquent_plugins.cli.harness import (
     SCHEMES,
     Conditions,
     E2EResult,
-    Harness,
+    StreamResult,
     Workload,
     client_for,
     harness,
@@ -35,175 +47,146 @@ from eloquent_plugins.cli.harness import (
 from eloquent_plugins.core.stall import stall_metrics
 from eloquent_plugins.sim.links import WARMUP, RealLink, load_real_link, stream_offset, stream_span
 from eloquent_plugins.sim.links_report import LinkFigures
-from eloquent_plugins.transports.asgi import ASGIApp, Receive, Scope, Send
-
-BULK_PATH = "/bulk"
-BULK_CHUNK = 16 * 1024
-BULK_LIMIT = 512 * 1024 * 1024
-"""The bulk body's ceiling: far more than any trace here carries in a run; the client cancels it first."""
 
 
-def bulk_app(inner: ASGIApp) -> ASGIApp:
-    """``inner`` with ``GET /bulk`` beside it: an octet stream until the client goes away (or BULK_LIMIT)."""
-    chunk = bytes(BULK_CHUNK)
-
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("type") != "http" or scope.get("path") != BULK_PATH:
-            await inner(scope, receive, send)
-            return
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/octet-stream")]})
-        sent = 0
-        while sent < BULK_LIMIT:  # the front end's send waits while the stream's buffer is full
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            sent += len(chunk)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    return app
+CONGESTION_CONTROL = "cubic"
+"""The front end's congestion control on a trace: the simulator's TCP flows (the bulk download, retransmission)
+are CUBIC, so the real ones are too (the front end's default is Reno)."""
 
 
 @dataclass(slots=True)
-class BulkDownload:
-    """The cross flow's client: one QUIC connection through the relay, bytes counted as they arrive."""
+class GroupRun:
+    """Schemes that ran together through one relay: their streams, per-token times and the relay's counts."""
 
-    arrivals: list[tuple[float, int]] = field(default_factory=list)
-    error: str | None = None
-    _task: asyncio.Task[None] | None = None
-    _conn: Any = None
+    streams: list[StreamResult] = field(default_factory=list)
+    times: dict[int, TokenTimes] = field(default_factory=dict)
+    """id(stream) -> its token times."""
+    own: dict[str, Any] = field(default_factory=dict)
+    cross_bps: float | None = None
+    cross_loss: float | None = None
+    starts: list[float] = field(default_factory=list)
+    windows: list[tuple[float, float]] = field(default_factory=list)
+    origin: float = 0.0
+    first_token_shift: list[float] = field(default_factory=list)
+    """Per stream: its first token's place in the trace minus the simulator's stream's (seconds)."""
 
-    async def start(self, host: str, port: int) -> None:
-        from eloquent_client.http3 import Http3ClientConnection
 
-        self._conn = await Http3ClientConnection.connect(host, port, verify=False, idle_timeout=60.0)
-        self._task = asyncio.ensure_future(self._read())
-
-    async def _read(self) -> None:
-        stream = await self._conn.request("GET", BULK_PATH)
+async def _run_group(conditions: Conditions, workload: Workload, schemes: tuple[str, ...], *, cross: bool,
+                     redundancy: str | None) -> tuple[GroupRun, list[str]]:
+    span = stream_span(workload.max_tokens, workload.tpot, workload.ttft)
+    lead = workload.ttft + conditions.one_way  # the request's trip up and the engine's first token
+    out = GroupRun()
+    async with harness(conditions, workload, record=True, redundancy=redundancy, wrap=bulk_app if cross else None,
+                       congestion_control=CONGESTION_CONTROL) as h:
+        clients = {scheme: client_for(scheme, h.relay_url) for scheme in schemes}
+        logs: dict[str, ClientArrivals] = {}
+        schedule = BulkSchedule(h.relay.listen_addr) if cross else None
+        origin = out.origin = h.relay.origin
         try:
-            await stream.wait_headers(30.0)
-            items = stream._items  # the raw body's chunks as they come (read() would only give the whole body)
-            while True:
-                item = await items.get()
-                if item is None or isinstance(item, BaseException):
-                    if isinstance(item, BaseException):
-                        self.error = f"{type(item).__name__}: {item}"
-                    return
-                if isinstance(item, bytes):
-                    self.arrivals.append((time.monotonic(), len(item)))
+            for scheme, client in clients.items():  # one after another: relay client k is scheme k
+                logs[scheme] = log_arrivals(await client.connection())
+            if schedule is not None:
+                await schedule.prepare(workload.requests)
+            offsets = stagger_offsets(len(schemes), workload.tpot, conditions.one_way)
+            for i in range(workload.requests):
+                base = origin + i * span
+                if schedule is not None:
+                    await schedule.begin(base)
+                await sleep_until(base + WARMUP - lead)
+                runs = await asyncio.gather(*(stream_once(h, clients[s], s, i, workload.max_tokens, delay=offsets[k])
+                                              for k, s in enumerate(schemes)))
+                out.streams.extend(runs)
+                made = [r.generated for r in runs if r.error is None and r.generated]
+                window = (min(g[0] for g in made), max(g[-1] for g in made)) if made else (base, time.monotonic())
+                out.starts.append(base)
+                out.windows.append(window)
+                out.first_token_shift += [g[0] - (base + WARMUP) for g in made]
+                if schedule is not None:
+                    await schedule.end(window)
         finally:
-            stream.cancel()
-
-    def throughput(self, start: float, end: float) -> float:
-        """Bits per second received in [start, end) (monotonic seconds)."""
-        got = sum(n for t, n in self.arrivals if start <= t < end)
-        return got * 8 / (end - start) if end > start else 0.0
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        if self._conn is not None:
-            await self._conn.close()
+            if schedule is not None:
+                await schedule.close()
+            for client in clients.values():
+                await client.aclose()
+        queue = h.relay.queues["down"]
+        for k, scheme in enumerate(schemes):
+            out.own[scheme] = h.relay.client_stats(k)
+            down = h.relay.record_of(k, "down")
+            for run in out.streams:
+                if run.scheme == scheme and run.error is None:
+                    times = token_times(queue, run.generated, run.rendered, down, origin, logs[scheme])
+                    sends = h.server.datagram_sends(run.request_id) if run.request_id else None
+                    if sends is not None:
+                        times = replace(times, held=held_times(run.generated, sends[1]))
+                    out.times[id(run)] = times
+        if schedule is not None:
+            out.cross_bps = schedule.throughput()
+            bulk = [h.relay.client_stats(k)["down"] for k in range(len(schemes), h.relay.stats.clients)]
+            received = sum(s.received for s in bulk)
+            out.cross_loss = sum(s.queue_dropped for s in bulk) / received if received else None
+        references = await reference_texts(h, workload)
+    return out, references
 
 
 @dataclass(slots=True)
 class LinkE2E:
     result: E2EResult
     figures: dict[str, LinkFigures]
-    window: tuple[float, float]
+    terms_ms: dict[str, dict[str, float]]
+    """Per scheme, the mean per-token terms (``link_terms``: pre, net, post) in ms."""
+    first_token_shift: list[float]
     elapsed: float
 
 
-def _floor_times(h: Harness, generated: list[float]) -> list[float]:
-    queue = h.relay.queues.get("down")
-    if queue is None:
-        return list(generated)
-    origin = h.relay.origin
-    arrivals = [a for a, _ in queue.tail]
-    return [queue.floor(g - origin, arrivals) + origin for g in generated]
-
-
-async def _bulk_alone(conditions: Conditions, workload: Workload, window: tuple[float, float],
-                      origin: float) -> float:
-    """The same trace seconds with only the bulk download: its throughput over the same window."""
-    async with harness(conditions, workload, wrap=bulk_app) as h:
-        bulk = BulkDownload()
-        await bulk.start(*h.relay.listen_addr)
-        shift = h.relay.origin - origin
-        await asyncio.sleep(max(0.0, window[1] + shift - time.monotonic()))
-        await bulk.stop()
-        return bulk.throughput(window[0] + shift, window[1] + shift)
-
-
 async def run_link_e2e(conditions: Conditions, workload: Workload, *, cross: bool, redundancy: str | None = None,
-                       baseline: bool = True) -> LinkE2E:
+                       baseline: bool = True, schemes: tuple[str, ...] = SCHEMES,
+                       shared_queue: bool = False) -> LinkE2E:
     started = time.monotonic()
     result = E2EResult(conditions, workload)
-    span = stream_span(workload.max_tokens, workload.tpot, workload.ttft)
-    per_client: dict[str, Any] = {}
-    floors: dict[int, list[float]] = {}
-    bulk = BulkDownload() if cross else None
-    async with harness(conditions, workload, redundancy=redundancy, wrap=bulk_app if cross else None) as h:
-        clients = {scheme: client_for(scheme, h.relay_url) for scheme in SCHEMES}
-        try:
-            for client in clients.values():  # one after another: relay client k is scheme k
-                await client.connection()
-            if bulk is not None:
-                await bulk.start(*h.relay.listen_addr)
-            offsets = stagger_offsets(len(SCHEMES), workload.tpot, conditions.one_way)
-            first = h.relay.origin + WARMUP
-            for i in range(workload.requests):
-                await asyncio.sleep(max(0.0, h.relay.origin + WARMUP + i * span - time.monotonic()))
-                runs = await asyncio.gather(*(stream_once(h, clients[s], s, i, workload.max_tokens,
-                                                          delay=offsets[k]) for k, s in enumerate(SCHEMES)))
-                result.streams.extend(runs)
-            window = (first, time.monotonic())
-        finally:
-            if bulk is not None:
-                await bulk.stop()
-            for client in clients.values():
-                await client.aclose()
-        for run in result.streams:
-            if run.error is None:
-                floors[id(run)] = _floor_times(h, run.generated)
-        for k, scheme in enumerate(SCHEMES):
-            per_client[scheme] = h.relay.client_stats(k)
-        bulk_stats = h.relay.client_stats(len(SCHEMES)) if bulk is not None else None
-        origin = h.relay.origin
-        result.relay_stats = h.relay.stats
-        result.references = await reference_texts(h, workload)
+    groups: list[tuple[tuple[str, ...], GroupRun]] = []
+    for group in ((schemes,) if shared_queue else tuple((s,) for s in schemes)):
+        run, result.references = await _run_group(conditions, workload, group, cross=cross, redundancy=redundancy)
+        groups.append((group, run))
+        result.streams.extend(run.streams)
     result.score()
     alone = None
-    if bulk is not None and baseline:
-        alone = await _bulk_alone(conditions, workload, window, origin)
-    # The stall reference above the floor, measured as the harness measures its own: the smallest render minus
-    # floor over every token (one-way delay plus this machine's processing), so processing is not counted late.
-    gaps = [x - f for r in result.streams if id(r) in floors for f, x in zip(floors[id(r)], r.rendered)]
+    if cross and baseline:
+        first = groups[0][1]
+
+        def fresh() -> AbstractAsyncContextManager[Any]:
+            return harness(conditions, workload, wrap=bulk_app, congestion_control=CONGESTION_CONTROL)
+
+        alone = await bulk_alone(fresh, first.windows, first.starts, first.origin)
+    times = {k: v for _, run in groups for k, v in run.times.items()}
+    # The table's reference above the floor, measured as the harness measures its own: the smallest render minus
+    # floor over every token of the row (one-way delay plus this machine's processing).
+    gaps = [r - g for t in times.values() for g, r in zip(t.ready_g, t.rendered)]
     d = max(0.0, min(gaps)) if gaps else conditions.one_way
+    one_way = conditions.one_way
     figures: dict[str, LinkFigures] = {}
-    for scheme in SCHEMES:
-        runs = [r for r in result.streams if r.scheme == scheme and r.error is None and r.report is not None]
-        if not runs:
-            continue
-        floor = [stall_metrics(floors[id(r)], r.rendered, d) for r in runs]
-        late = sorted(max(0.0, x - (f + d)) for r in runs for f, x in zip(floors[id(r)], r.rendered))
-        own = per_client[scheme]
-        packets = own["up"].received + own["down"].received
-        drops = own["up"].queue_dropped + own["down"].queue_dropped
-        figures[scheme] = LinkFigures(
-            stall=sum(m.stall_ratio for m in floor) / len(floor),
-            stall_raw=sum(r.report.stall_ratio for r in runs) / len(runs),  # type: ignore[union-attr]
-            qoe=sum(r.report.qoe for r in runs) / len(runs),  # type: ignore[union-attr]
-            first_token=sum(r.rendered[0] - r.generated[0] for r in runs) / len(runs),
-            lateness_p95=late[int(0.95 * (len(late) - 1))] if late else 0.0,
-            bytes=own["up"].bytes_forwarded + own["down"].bytes_forwarded,
-            own_loss=drops / packets if packets else 0.0,
-            cross_bps=None if bulk is None else bulk.throughput(*window),
-            cross_alone_bps=alone,
-            cross_loss=(None if bulk_stats is None or not bulk_stats["down"].received
-                        else bulk_stats["down"].queue_dropped / bulk_stats["down"].received),
-            streams=len(runs))
-    return LinkE2E(result, figures, window, time.monotonic() - started)
+    terms: dict[str, dict[str, float]] = {}
+    for group, run in groups:
+        for scheme in group:
+            runs = [r for r in run.streams if r.scheme == scheme and id(r) in run.times and r.report is not None]
+            if not runs:
+                continue
+            tt = [run.times[id(r)] for r in runs]
+            own = run.own[scheme]
+            packets = own["up"].received + own["down"].received
+            late = sorted(max(0.0, x - (f + d)) for t in tt for f, x in zip(t.ready_g, t.rendered))
+            figures[scheme] = LinkFigures(
+                stall=sum(stall_metrics(t.ready_g, t.rendered, d).stall_ratio for t in tt) / len(tt),
+                stall_raw=sum(r.report.stall_ratio for r in runs) / len(runs),  # type: ignore[union-attr]
+                qoe=sum(r.report.qoe for r in runs) / len(runs),  # type: ignore[union-attr]
+                first_token=sum(r.rendered[0] - r.generated[0] for r in runs) / len(runs),
+                lateness_p95=late[int(0.95 * (len(late) - 1))] if late else 0.0,
+                bytes=own["up"].bytes_forwarded + own["down"].bytes_forwarded,
+                own_loss=(own["up"].queue_dropped + own["down"].queue_dropped) / packets if packets else 0.0,
+                cross_bps=run.cross_bps, cross_alone_bps=alone, cross_loss=run.cross_loss, streams=len(runs),
+                stall_net=sum(t.network_stall(one_way) for t in tt) / len(tt))
+            terms[scheme] = mean_terms_ms(tt, one_way)
+    shifts = [x for _, run in groups for x in run.first_token_shift]
+    return LinkE2E(result, figures, terms, shifts, time.monotonic() - started)
 
 
 E2E_NAMES = {"eloquent": "eloquent", "stream": "retransmission", "duplicate": "duplication"}
@@ -223,21 +206,38 @@ def run_trace(args: Any, workload: Workload) -> int:
 
     conditions, _ = link_conditions(args.trace, rtt=args.rtt, seed=args.seed, requests=workload.requests,
                                     workload=workload, queue_packets=args.queue_packets)
+    schemes = tuple(s for s in SCHEMES if s in (args.scheme or SCHEMES))
     out = asyncio.run(run_link_e2e(conditions, workload, cross=args.cross, redundancy=args.redundancy,
-                                   baseline=not args.no_cross_baseline))
+                                   baseline=not args.no_cross_baseline, schemes=schemes,
+                                   shared_queue=args.shared_queue))
     label = f"link={args.trace},cross={int(args.cross)}" + (f",redundancy={args.redundancy}"
                                                              if args.redundancy else "")
-    named = {(E2E_NAMES[k] if not args.redundancy or k != "eloquent" else f"eloquent-{args.redundancy}"): v
-             for k, v in out.figures.items()}
+
+    def name(k: str) -> str:
+        return E2E_NAMES[k] if not args.redundancy or k != "eloquent" else f"eloquent-{args.redundancy}"
+
+    named = {name(k): v for k, v in out.figures.items()}
     print(format_links_table([(label, named)]))
+    print("\nper-token terms above the link's floor, mean ms (pre: processing before the bottleneck, as the trace "
+          "makes it cost; net: the network and the scheme's recovery; post: relay timer and client):")
+    for k, t in out.terms_ms.items():
+        held = (f"  (held by QUIC's window {t['held']:.2f}, {t['held_tokens']:.0f} tokens over 5 ms)"
+                if "held" in t else "")
+        print(f"  {name(k):<20} pre {t['pre']:8.2f}  net {t['net']:8.2f}  post {t['post']:8.2f}{held}")
+    shifts = out.first_token_shift
     summary = out.result.summary()
-    print(f"\n{workload.requests} requests x {workload.max_tokens} tokens per scheme, {out.elapsed:.0f} s; text "
-          f"identical: {summary['text_identical']}, all completed: {summary['all_completed']}")
+    print(f"\n{workload.requests} requests x {workload.max_tokens} tokens per scheme, "
+          f"{'one relay for all' if args.shared_queue else 'each scheme alone on its own relay'}, "
+          f"{out.elapsed:.0f} s; first tokens {min(shifts, default=0) * 1000:+.0f} to "
+          f"{max(shifts, default=0) * 1000:+.0f} ms from the simulator's place in the trace; text identical: "
+          f"{summary['text_identical']}, all completed: {summary['all_completed']}")
     for stream in out.result.streams:
         if stream.error:
             print(f"  {stream.scheme} request {stream.request}: {stream.error}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fp:
             json.dump({"meta": {"argv": sys.argv[1:]}, "label": label,
-                       "schemes": {k: v.as_dict() for k, v in named.items()}}, fp, indent=2)
+                       "schemes": {name(k): v.as_dict() for k, v in out.figures.items()},
+                       "terms_ms": {name(k): v for k, v in out.terms_ms.items()},
+                       "first_token_shift": shifts}, fp, indent=2)
     return 0 if summary["text_identical"] and summary["all_completed"] else 1

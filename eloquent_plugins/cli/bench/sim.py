@@ -62,6 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--queue-packets", type=numbers.positive, default=100,
                         help="with --links: the drop-tail queue in packets, each direction (default: %(default)s)")
     parser.add_argument("--codel", action="store_true", help="with --links: CoDel on the queues")
+    parser.add_argument("--recarry-limit", type=numbers.count, default=0, metavar="BYTES",
+                        help="with --links: the Eloquent schemes' SenderConfig.recarry_limit (0: none, the default)")
+    parser.add_argument("--recarry-bounds", action="store_true",
+                        help="with --links: also Eloquent without re-carrying (eloquent-new-only) and the bound of one "
+                        "packet per token (once): what re-carrying costs the cross flow")
     parser.add_argument("--plot-stream", type=numbers.count, default=0, metavar="N",
                         help="with --links --plot: which stream of the first trace (with cross traffic) to plot")
     parser.add_argument("--timeline", metavar="PATH", default=None,

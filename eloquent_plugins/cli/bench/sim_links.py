@@ -12,15 +12,17 @@ from concurrent.futures import ProcessPoolExecutor
 from eloquent_plugins.sim.links import RealLink, load_real_link
 from eloquent_plugins.sim.links_report import LinkFigures, format_links_table, link_figures
 from eloquent_plugins.sim.netem.capacity import TRACE_NAMES
-from eloquent_plugins.sim.run import ELOQUENT_ADAPTIVE, StreamRun, simulate_stream
+from eloquent_plugins.sim.run import ELOQUENT_ADAPTIVE, ELOQUENT_NEW_ONLY, ONCE, StreamRun, simulate_stream
 from eloquent_plugins.sim.scenario import Scenario
 
 LINK_SCHEMES = ("eloquent", ELOQUENT_ADAPTIVE, "retransmission", "duplication")
 """The issue's four: Eloquent, Eloquent with adaptive redundancy, retransmission (TCP), duplication (TCP x2)."""
+RECARRY_BOUNDS = (ELOQUENT_NEW_ONLY, ONCE)
+"""``--recarry-bounds``: Eloquent without re-carrying, and one packet per token (docs/results/redundancy.md)."""
 LINK_RTT_MS = 60.0
 """Base RTT of the links (30 ms each way before the queue), as ``mm-delay 30`` would add."""
 
-Task = tuple[int, Scenario, int, int]
+Task = tuple[int, Scenario, int, int, tuple[str, ...]]
 
 
 @functools.lru_cache(maxsize=8)
@@ -33,22 +35,23 @@ def links_plan(args: argparse.Namespace) -> list[Scenario]:
     tokens, streams = args.tokens or 150, args.streams or 2
     crosses = (0, 1) if args.cross is None else (int(args.cross),)
     return [Scenario(loss=0.0, rtt_ms=LINK_RTT_MS, tokens=tokens, streams=streams, link=name, cross=cross,
-                     queue_packets=args.queue_packets, codel=int(args.codel))
+                     queue_packets=args.queue_packets, codel=int(args.codel), recarry=args.recarry_limit)
             for name in names for cross in crosses]
 
 
 def _run(task: Task) -> tuple[int, dict[str, StreamRun]]:
-    index, scenario, seed, stream = task
+    index, scenario, seed, stream, schemes = task
     assert scenario.link is not None
     link = _link(scenario.link, scenario.queue_packets, bool(scenario.codel))
-    return index, simulate_stream(scenario, seed, stream, None, LINK_SCHEMES, link)
+    return index, simulate_stream(scenario, seed, stream, None, schemes, link)
 
 
-def execute_links(scenarios: list[Scenario], seeds: tuple[int, ...], jobs: int) -> list[dict[str, LinkFigures]]:
+def execute_links(scenarios: list[Scenario], seeds: tuple[int, ...], jobs: int,
+                  schemes: tuple[str, ...] = LINK_SCHEMES) -> list[dict[str, LinkFigures]]:
     for s in scenarios:
         assert s.link is not None
         load_real_link(s.link)  # a missing trace fails now, with its path, not in a worker
-    tasks = [(i, s, seed, k) for i, s in enumerate(scenarios) for seed in seeds for k in range(s.streams)]
+    tasks = [(i, s, seed, k, schemes) for i, s in enumerate(scenarios) for seed in seeds for k in range(s.streams)]
     per: dict[int, list[dict[str, StreamRun]]] = {i: [] for i in range(len(scenarios))}
     if jobs <= 1:
         results = map(_run, tasks)
@@ -59,13 +62,14 @@ def execute_links(scenarios: list[Scenario], seeds: tuple[int, ...], jobs: int) 
         per[index].append(runs)
     if jobs > 1:
         pool.shutdown()
-    return [{name: link_figures([r[name] for r in per[i]]) for name in LINK_SCHEMES} for i in range(len(scenarios))]
+    return [{name: link_figures([r[name] for r in per[i]]) for name in schemes} for i in range(len(scenarios))]
 
 
 def run_links(args: argparse.Namespace) -> int:
     scenarios = links_plan(args)
     seeds = tuple(range(args.seed, args.seed + args.seeds))
-    figures = execute_links(scenarios, seeds, args.jobs)
+    schemes = LINK_SCHEMES + (RECARRY_BOUNDS if getattr(args, "recarry_bounds", False) else ())
+    figures = execute_links(scenarios, seeds, args.jobs, schemes)
     rows = [(s.label, f) for s, f in zip(scenarios, figures)]
     print(format_links_table(rows))
     print(f"\n{len(seeds)} seed(s) x {scenarios[0].streams} streams of {scenarios[0].tokens} tokens per row; "
