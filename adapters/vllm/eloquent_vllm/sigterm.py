@@ -13,16 +13,15 @@ does that at once. No private state of vLLM or asyncio is touched: the chain is 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from eloquent_vllm.compat import logger as log
+
 if TYPE_CHECKING:
     from eloquent_plugins.transports.drain import Drain
-
-log = logging.getLogger("eloquent_vllm.sigterm")
 
 
 def drain_on_sigterm(drain: Drain,
@@ -31,8 +30,9 @@ def drain_on_sigterm(drain: Drain,
     drain is done, after ``before_exit`` (what must close while the app still serves: the HTTP/3 front end). The
     drain may also begin by ``POST /eloquent/drain``: the process exits when it is done, as ``eloquent serve`` does.
 
-    Returns the task that waits for the drain (the caller holds it), or None (SIGTERM stays vLLM's, the drain then starts only by ``POST /eloquent/drain``) where a loop cannot take
-    signals: not the main thread, or a platform without ``add_signal_handler``."""
+    Returns the task that waits for the drain (the caller holds it), or None where the loop cannot take signals
+    (not the main thread, a platform without ``add_signal_handler``): SIGTERM then stays vLLM's, and the drain
+    starts only by ``POST /eloquent/drain``."""
     loop = asyncio.get_running_loop()
 
     def exit_now() -> None:
