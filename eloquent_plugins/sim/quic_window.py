@@ -47,6 +47,8 @@ PING_FRAME = 2
 """PING (1) and the one byte of padding header protection needs in so short a packet."""
 ACK_DELAY = 0.001
 """aioquic's delay before it acknowledges an ack-eliciting packet (``QuicConnection._ack_delay``, K_GRANULARITY)."""
+TIMER_SLACK = 1e-6
+"""How late aioquic's loss-detection timer fires on the virtual clock (``_arm``)."""
 PROBE_BUDGET = min(Limits().max_datagram_size, QUIC_MAX_DATAGRAM_SIZE - PACKET_OVERHEAD)
 """The room the front end grants a due Eloquent probe when the window is full (the scheduler's ``probe_size``)."""
 
@@ -194,7 +196,9 @@ class ServerWindow:
         when = self.recovery.get_loss_detection_time(amplification_limited=False)
         if when is not None and when != self._timer_at:
             self._timer_at = when
-            self.loop.at(when, self._on_timer, when)
+            # A microsecond late, as a real clock reads: at the loss time itself float rounding can leave the
+            # packet a hair short of aioquic's time threshold, and the timer would fire again at the same instant.
+            self.loop.at(when + TIMER_SLACK, self._on_timer, when)
         elif when is None:
             self._timer_at = None
 
