@@ -37,6 +37,11 @@ class LinkFigures:
     stall_net: float | None = None
     """The stall above the floor on the times the network alone produced (end to end: ``cli/bench/link_terms``,
     this machine's processing re-based and taken away); the simulator has no processing: there it is ``stall``."""
+    held: float | None = None
+    """Mean seconds from a token's generation to its first datagram going to QUIC (the congestion window's hold;
+    Eloquent inside a window only)."""
+    held_tokens: float | None = None
+    """Tokens (all streams) that waited more than 5 ms for the window."""
 
     @property
     def cross_throughput_loss(self) -> float | None:
@@ -64,6 +69,7 @@ def link_figures(streams: Iterable[StreamRun], pace: float = DEFAULT_READING_PAC
     packets = sum(d.get("own_packets", 0.0) for d in details)
     cross = [d for d in details if "cross_bps" in d]
     segments = sum(d["cross_segments"] for d in cross)
+    windowed = [d for d in details if "held_mean" in d]
     return LinkFigures(
         stall=(stall := _mean([m.stall_ratio for m in floor])), stall_net=stall, stall_raw=_mean([m.stall_ratio for m in raw]),
         qoe=_mean([m.qoe for m in raw]),
@@ -74,19 +80,22 @@ def link_figures(streams: Iterable[StreamRun], pace: float = DEFAULT_READING_PAC
         cross_bps=_mean([d["cross_bps"] for d in cross]) if cross else None,
         cross_alone_bps=_mean([d["cross_alone_bps"] for d in cross if "cross_alone_bps" in d]) if cross else None,
         cross_loss=sum(d["cross_lost"] for d in cross) / segments if segments else None,
-        streams=len(runs))
+        streams=len(runs),
+        held=_mean([d["held_mean"] for d in windowed]) if windowed else None,
+        held_tokens=sum(d["held_tokens"] for d in windowed) if windowed else None)
 
 
 def format_links_table(rows: Sequence[tuple[str, dict[str, LinkFigures]]]) -> str:
     header = (f"{'link':<34} {'scheme':<20} {'stall':>6} {'net':>6} {'raw':>6} {'QoE':>6} {'1st ms':>7} {'p95 ms':>7} "
-              f"{'KB':>7} {'loss':>6} {'x Mb/s':>7} {'x cost':>7} {'x loss':>7}")
+              f"{'KB':>7} {'loss':>6} {'x Mb/s':>7} {'x cost':>7} {'x loss':>7} {'held':>9}")
     lines = [header, "-" * len(header)]
     for label, schemes in rows:
         for i, (name, f) in enumerate(schemes.items()):
-            cross = ("" if f.cross_bps is None else
+            cross = (f"{'-':>7} {'-':>7} {'-':>7}" if f.cross_bps is None else
                      f"{f.cross_bps / 1e6:>7.2f} {f.cross_throughput_loss or 0.0:>7.2%} {f.cross_loss or 0.0:>7.2%}")
+            held = "" if f.held is None else f"{f.held * 1000:>5.1f}/{f.held_tokens or 0:.0f}"
             net = "" if f.stall_net is None else f"{f.stall_net:.3f}"
             lines.append(f"{label if i == 0 else '':<34} {name:<20} {f.stall:>6.3f} {net:>6} {f.stall_raw:>6.3f} "
                          f"{f.qoe:>6.3f} {f.first_token * 1000:>7.0f} {f.lateness_p95 * 1000:>7.0f} "
-                         f"{f.bytes / 1024:>7.1f} {f.own_loss:>6.2%} {cross}")
+                         f"{f.bytes / 1024:>7.1f} {f.own_loss:>6.2%} {cross} {held:>9}".rstrip())
     return "\n".join(lines)

@@ -18,7 +18,8 @@ from eloquent_plugins.core.padding import PaddingPolicy
 from eloquent_plugins.sim.netem import PathConfig, SlottedPath, Trace
 from eloquent_plugins.core.sender import SenderConfig
 from eloquent_plugins.sim.clock import EventLoop, SimulationError
-from eloquent_plugins.sim.eloquent import EloquentEndpoints
+from eloquent_plugins.sim.eloquent import connect
+from eloquent_plugins.sim.quic_window import held_times
 from eloquent_plugins.sim.scenario import Scenario
 from eloquent_plugins.sim.tcp import TcpConfig, TcpSender
 from eloquent_plugins.sim.tcp_receiver import TcpReceiver
@@ -227,18 +228,13 @@ def run_eloquent(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, tra
         redundancy="off" if redundancy is None else redundancy, padding=padding, send_tick=send_tick,
         carry_unacked=carry_unacked, recarry_limit=limit)
 
-    def send_data(datagram: bytes) -> None:
-        if observe is not None:
-            observe(loop.now, datagram)
-        forward.send(datagram, len(datagram))
-
-    ends = EloquentEndpoints(loop, _initial_rtt(scenario), send_data,
-                             lambda a: reverse.send(a, len(a)), renders, sender_config=config, copies=copies)
+    rtt = _initial_rtt(scenario)
     forward_path, reverse_path = (_paths(path, timeline, seeds) if link is None
                                   else link.paths(path, timeline, seeds))
-    bulk = None if link is None else link.bulk(loop, forward_path, reverse_path, timeline, _initial_rtt(scenario))
-    forward = SimWire(loop, forward_path, QUIC_DATAGRAM_HEADER, ends.on_data)
-    reverse = SimWire(loop, reverse_path, QUIC_DATAGRAM_HEADER, ends.on_ack)
+    bulk = None if link is None else link.bulk(loop, forward_path, reverse_path, timeline, rtt)
+    conn = connect(loop, rtt, forward_path, reverse_path, renders, window=scenario.window, sender_config=config,
+                   copies=copies, observe=observe)
+    ends, window, forward, reverse = conn.ends, conn.window, conn.forward, conn.reverse
     last = len(timeline.times) - 1
     for index, (when, payload) in enumerate(zip(timeline.times, timeline.payloads)):
         loop.at(when, ends.push, payload, timeline.end_payload if index == last else None)
@@ -249,6 +245,10 @@ def run_eloquent(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, tra
     details = {"data_packets": stats.data_packets, "probe_packets": stats.probe_packets,
                "redundant_packets": stats.redundant_packets,
                "events_resent": stats.events_resent, "acks": ends.receiver.stats.acks_sent}
+    if window is not None:
+        held = held_times(timeline.times, window.handed)
+        details |= {"window_probes": window.probes, "window_ptos": window.ptos,
+                    "held_mean": sum(held) / len(held), "held_tokens": float(sum(1 for h in held if h > 0.005))}
     return _stream_run(scheme, timeline, renders, path, (forward, reverse), details, link,
                        (forward_path, reverse_path), bulk)
 

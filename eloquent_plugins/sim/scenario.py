@@ -8,11 +8,13 @@ from dataclasses import asdict, dataclass, fields
 from eloquent_plugins.core.checks import require_finite
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.sim.netem import GilbertElliott, PathConfig, Trace, load_trace
+from eloquent_plugins.sim.quic_window import WINDOWS
 
 _KEYS = {
     "loss": "loss", "burst": "burst", "rtt": "rtt_ms", "jitter": "jitter_ms", "tpot": "tpot_ms",
     "bw": "bandwidth_kbps", "tokens": "tokens", "streams": "streams", "trace": "trace", "k": "copies",
     "link": "link", "cross": "cross", "queue": "queue_packets", "codel": "codel", "recarry": "recarry",
+    "window": "window",
 }
 
 
@@ -43,6 +45,9 @@ class Scenario:
     """1: CoDel on the link's queue."""
     recarry: int = 0
     """The Eloquent schemes' ``SenderConfig.recarry_limit`` in bytes; 0: none (every packet re-carries the run)."""
+    window: str = "none"
+    """The Eloquent schemes' QUIC congestion window (``quic_window.WINDOWS``): ``none`` sends every datagram at
+    once; ``reno`` / ``cubic`` hold them inside aioquic's controller, as the HTTP/3 front end does."""
 
     def __post_init__(self) -> None:
         GilbertElliott(self.loss, self.burst)
@@ -57,6 +62,8 @@ class Scenario:
             raise ConfigError("recarry (bytes) must be >= 0")
         if self.cross not in (0, 1) or self.codel not in (0, 1):
             raise ConfigError("cross and codel are 0 or 1")
+        if self.window not in WINDOWS:
+            raise ConfigError(f"window must be one of {', '.join(WINDOWS)}, got {self.window!r}")
         if self.cross and not self.link:
             raise ConfigError("cross traffic needs a link (link=TRACE)")
 
@@ -71,6 +78,8 @@ class Scenario:
             parts.append(f"bw={self.bandwidth_kbps:g}")
         if self.trace:
             parts.append(f"trace={self.trace}")
+        if self.window != "none":
+            parts.append(f"window={self.window}")
         if self.link:
             parts = [f"link={self.link}", f"cross={self.cross}"]
             parts += [f"queue={self.queue_packets}"] if self.queue_packets != 100 else []
@@ -93,7 +102,7 @@ class Scenario:
 
 def parse_scenario(spec: str, base: Scenario | None = None) -> Scenario:
     """``key=value`` pairs separated by commas; keys: loss, burst, rtt (ms), jitter (ms), tpot (ms), bw (kbit/s),
-    tokens, streams, trace (file), k (duplication copies). Unnamed keys keep ``base``'s values."""
+    tokens, streams, trace (file), k (duplication copies), window (none, reno, cubic). Unnamed keys keep ``base``'s values."""
     values: dict[str, object] = {}
     types = {f.name: f.type for f in fields(Scenario)}
     for item in spec.split(","):
@@ -107,7 +116,7 @@ def parse_scenario(spec: str, base: Scenario | None = None) -> Scenario:
         if key not in _KEYS:
             raise ConfigError(f"unknown scenario key {key!r} in {spec!r} (known: {', '.join(_KEYS)})")
         name = _KEYS[key]
-        if name in ("trace", "link"):
+        if name in ("trace", "link", "window"):
             values[name] = raw
             continue
         try:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from eloquent_plugins.cli.bench.e2e_bulk import BulkSchedule, bulk_alone, bulk_app, sleep_until
+from eloquent_plugins.cli.bench.sim_links import LINK_WINDOW
 from eloquent_plugins.cli.bench.link_terms import (
     ClientArrivals,
     TokenTimes,
@@ -49,9 +50,10 @@ from eloquent_plugins.sim.links import WARMUP, RealLink, load_real_link, stream_
 from eloquent_plugins.sim.links_report import LinkFigures
 
 
-CONGESTION_CONTROL = "cubic"
+CONGESTION_CONTROL = LINK_WINDOW
 """The front end's congestion control on a trace: the simulator's TCP flows (the bulk download, retransmission)
-are CUBIC, so the real ones are too (the front end's default is Reno)."""
+are CUBIC, so the real ones are too (the front end's default is Reno), and the simulator's Eloquent runs inside
+the same aioquic controller (``sim.quic_window``)."""
 
 
 @dataclass(slots=True)

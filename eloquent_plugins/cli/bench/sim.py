@@ -12,12 +12,14 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from concurrent.futures import ProcessPoolExecutor
 
 from eloquent_plugins.cli import numbers
 from eloquent_plugins.cli.flags import add_plot, add_progress
 from eloquent_plugins.cli.optional import needs_extra
 from eloquent_plugins.core.stall import DEFAULT_READING_PACE
+from eloquent_plugins.sim.quic_window import WINDOWS
 from eloquent_plugins.sim.matrix import Plan, custom_plan, quick_plan, standard_plan, with_tokens
 from eloquent_plugins.sim.report import ScenarioResult, format_table, plot, summarize_scenario, write_json
 from eloquent_plugins.sim.run import ALL_SCHEMES, ELOQUENT_ADAPTIVE, ELOQUENT_X2, RACK_TLP, SCHEMES, StreamRun, simulate_stream
@@ -67,6 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recarry-bounds", action="store_true",
                         help="with --links: also Eloquent without re-carrying (eloquent-new-only) and the bound of one "
                         "packet per token (once): what re-carrying costs the cross flow")
+    parser.add_argument("--eloquent-window", choices=WINDOWS, default=None,
+                        help="the Eloquent schemes' QUIC congestion window: aioquic's reno or cubic, as the HTTP/3 "
+                        "front end holds datagrams, or none (sent at once); default: cubic with --links (the front "
+                        "end's on a trace), none for the loss matrix (docs/results/sim.md)")
     parser.add_argument("--plot-stream", type=numbers.count, default=0, metavar="N",
                         help="with --links --plot: which stream of the first trace (with cross traffic) to plot")
     parser.add_argument("--timeline", metavar="PATH", default=None,
@@ -82,6 +88,8 @@ def build_plan(args: argparse.Namespace) -> Plan:
     else:
         plan = standard_plan(args.seed)
     plan = with_tokens(plan, args.tokens, args.streams)
+    if args.eloquent_window is not None:
+        plan = replace(plan, scenarios=tuple(replace(s, window=args.eloquent_window) for s in plan.scenarios))
     for scenario in plan.scenarios:
         scenario.load_trace()  # a bad trace fails now, with its line number, not in a worker
     return plan

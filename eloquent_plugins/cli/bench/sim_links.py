@@ -19,6 +19,9 @@ LINK_SCHEMES = ("eloquent", ELOQUENT_ADAPTIVE, "retransmission", "duplication")
 """The issue's four: Eloquent, Eloquent with adaptive redundancy, retransmission (TCP), duplication (TCP x2)."""
 RECARRY_BOUNDS = (ELOQUENT_NEW_ONLY, ONCE)
 """``--recarry-bounds``: Eloquent without re-carrying, and one packet per token (docs/results/redundancy.md)."""
+LINK_WINDOW = "cubic"
+"""The Eloquent schemes' QUIC congestion window on a link: the front end's in ``bench e2e --trace``
+(``cli/bench/e2e_links.CONGESTION_CONTROL``), so both hold datagrams the same way."""
 LINK_RTT_MS = 60.0
 """Base RTT of the links (30 ms each way before the queue), as ``mm-delay 30`` would add."""
 
@@ -35,7 +38,8 @@ def links_plan(args: argparse.Namespace) -> list[Scenario]:
     tokens, streams = args.tokens or 150, args.streams or 2
     crosses = (0, 1) if args.cross is None else (int(args.cross),)
     return [Scenario(loss=0.0, rtt_ms=LINK_RTT_MS, tokens=tokens, streams=streams, link=name, cross=cross,
-                     queue_packets=args.queue_packets, codel=int(args.codel), recarry=args.recarry_limit)
+                     queue_packets=args.queue_packets, codel=int(args.codel), recarry=args.recarry_limit,
+                     window=getattr(args, "eloquent_window", None) or LINK_WINDOW)
             for name in names for cross in crosses]
 
 
@@ -74,7 +78,8 @@ def run_links(args: argparse.Namespace) -> int:
     print(format_links_table(rows))
     print(f"\n{len(seeds)} seed(s) x {scenarios[0].streams} streams of {scenarios[0].tokens} tokens per row; "
           f"stall: above the link's floor; raw: above the base one-way delay; x: the bulk download beside it "
-          f"(cost: its throughput lost to the token stream)")
+          f"(cost: its throughput lost to the token stream); Eloquent inside QUIC's {scenarios[0].window} window "
+          f"(held: ms from a token's generation to its first datagram going to QUIC, mean / tokens over 5 ms)")
     if args.json:
         doc = {"meta": {"argv": sys.argv[1:], "seeds": list(seeds)},
                "rows": [{"label": s.label, "scenario": s.as_dict(),
