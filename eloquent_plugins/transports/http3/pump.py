@@ -99,11 +99,11 @@ class DatagramPump:
             host.transmit()
             return
         quic = host.quic
-        plan = self.scheduler.plan(host.loop.time(), datagram_room(quic),
-                                   transport_queue_empty=not has_pending_datagrams(quic))
+        now = host.loop.time()
+        plan = self.scheduler.plan(now, datagram_room(quic), transport_queue_empty=not has_pending_datagrams(quic))
         self._execute(plan)
         host.transmit()
-        self._schedule_deadline()
+        self._schedule_deadline(now)
 
     def stream(self, stream_id: int) -> None:
         """The app pushed events on ``stream_id``: their datagrams leave first (``DatagramScheduler.direct``);
@@ -136,12 +136,12 @@ class DatagramPump:
         if not host.lifecycle.live:
             return
         quic = host.quic
-        plan = self.scheduler.plan(host.loop.time(), datagram_room(quic),
-                                   transport_queue_empty=not has_pending_datagrams(quic))
+        now = host.loop.time()
+        plan = self.scheduler.plan(now, datagram_room(quic), transport_queue_empty=not has_pending_datagrams(quic))
         if plan.steps or plan.datagrams or plan.probe:
             self._execute(plan)
             host.transmit()
-        self._schedule_deadline()
+        self._schedule_deadline(now)
 
     def _execute(self, plan: Plan) -> None:
         host = self.host
@@ -195,8 +195,8 @@ class DatagramPump:
             while len(sends) > host.state.options.timings_kept:
                 sends.popitem(last=False)
 
-    def _schedule_deadline(self) -> None:
-        deadline = self.scheduler.next_deadline()
+    def _schedule_deadline(self, planned_at: float) -> None:
+        deadline = self.scheduler.wake_at(planned_at)
         if deadline == self._deadline_at:
             return
         if self._deadline_handle is not None:

@@ -43,6 +43,10 @@ class Plan:
     """Mark a QUIC probe so these datagrams may exceed the full congestion window."""
 
 
+BLOCKED_RETRY = 0.01
+"""Seconds between plans while the window keeps a due send back (``wake_at``)."""
+
+
 def fits(stream_id: int, datagram: bytes, peer_limit: int) -> bool:
     """Whether the HTTP/3 datagram (quarter stream id + packet) fits the peer's DATAGRAM frame limit."""
     return len(datagram) + varint_size(stream_id // 4) <= peer_limit
@@ -120,3 +124,13 @@ class DatagramScheduler:
     def next_deadline(self) -> float | None:
         deadlines = [d for s in self.streams.values() if (d := s.next_deadline()) is not None]
         return min(deadlines) if deadlines else None
+
+    def wake_at(self, planned_at: float) -> float | None:
+        """When the plan should run again after one ran at ``planned_at``: the next deadline, but a deadline that
+        plan left past due (a send the full window kept back while aioquic still holds datagrams; fallbacks and
+        stalls never wait) only ``BLOCKED_RETRY`` later. The ack that opens the window runs the plan anyway; a
+        timer at the past deadline re-ran it on every turn of the loop, about every 0.5 ms, for nothing."""
+        deadline = self.next_deadline()
+        if deadline is not None and deadline <= planned_at:
+            return planned_at + BLOCKED_RETRY
+        return deadline

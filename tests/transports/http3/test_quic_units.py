@@ -164,3 +164,31 @@ def test_scheduler_sends_a_pushed_stream_directly_and_leaves_the_rest_to_plan() 
     assert ended.direct(0, s.fallback_after, 10_000) is None  # never acked after the trailer: the fallback goes
     assert [step.kind.value for step in ended.plan(s.fallback_after, 10_000, transport_queue_empty=True).steps] == [
         "fallback"]
+
+
+def test_a_send_the_full_window_keeps_back_wakes_the_plan_at_a_pace_not_every_turn() -> None:
+    """With the window full and aioquic still holding datagrams, plan cannot serve a stream whose send is due; the
+    deadline stays in the past. The pump must not set its timer there (it re-ran the plan on every turn of the
+    loop, about every 0.5 ms, while aioquic held a datagram): ``wake_at`` says ``BLOCKED_RETRY`` later, and the
+    plain next deadline once nothing due is left."""
+    from eloquent_plugins.core.response_stream import EloquentResponseStream
+    from eloquent_plugins.core.sender import SenderConfig
+    from eloquent_plugins.transports.http3.scheduler import BLOCKED_RETRY, DatagramScheduler
+
+    sched = DatagramScheduler(probe_size=1200)
+    s = EloquentResponseStream(0, SenderConfig(), now=0.0)
+    s.feed_body(b"data: hello\n\n", 0.0)
+    sched.add(s)
+    assert sched.plan(0.0, 10_000, transport_queue_empty=True).datagrams  # sent, never acked
+    due = sched.next_deadline()
+    assert due is not None and due < 1.0, "its probe (the unacked run again) is due soon"
+    at = due + 0.001
+    blocked = sched.plan(at, 0, transport_queue_empty=False)  # no room, aioquic's queue not empty: no probe
+    assert not blocked.datagrams and not blocked.probe and not blocked.steps
+    assert sched.next_deadline() == due, "still due: nothing could go"
+    assert sched.wake_at(at) == at + BLOCKED_RETRY
+    served = sched.plan(at + 0.001, 10_000, transport_queue_empty=True)  # the ack opened the window
+    assert served.datagrams
+    after = sched.next_deadline()
+    assert after is None or after > at + 0.001
+    assert sched.wake_at(at + 0.001) == after, "nothing left past due: the plain next deadline"
