@@ -138,6 +138,12 @@ def print_summary(result: dict[str, Any]) -> None:
           f"({cfg['h3_connections']} QUIC connections), {cfg['max_tokens']} tokens each at tpot "
           f"{cfg['tpot'] * 1000:.0f} ms, held {cfg['duration']:.0f} s after a {cfg['ramp']:.0f} s ramp, "
           f"{result['cpus']} CPUs, resume TTL {cfg['resume_ttl']:.0f} s")
+    c = result.get("contention")
+    if c is not None:
+        hog = (f"{c['processes']} CPU hog processes beside the load (they took {c['cpu_share'] * 100:.0f}% of one "
+               f"core); " if c["processes"] else "no CPU hog; ")
+        print(f"contention: {hog}load average {c['load_average_start']:.1f} at the start, "
+              f"{c['load_average_end']:.1f} at the end")
     print(f"{'transport':<10} {'streams done':>12} {'cut at end':>10} {'events':>10} {'gap p50':>9} {'gap p99':>9} "
           f"{'gap max':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'held p99':>9} {'errors':>7}")
     for kind, label in (("sse", "SSE"), ("h3", "HTTP/3")):
