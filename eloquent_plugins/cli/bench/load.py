@@ -54,6 +54,7 @@ from eloquent_plugins.cli.bench.load_servers import (
     fleet_figures,
     rss_bytes,
     servers_under_load,
+    udp_socket,
 )
 from eloquent_plugins.cli.bench.load_wire import chat_body, prompts
 from eloquent_plugins.cli.flags import add_plot, add_progress
@@ -71,6 +72,11 @@ def _expected_texts(port: int, cfg: LoadConfig) -> dict[str, str]:
             r.raise_for_status()
             out[prompt] = r.json()["choices"][0]["message"]["content"]
     return out
+
+
+def _udp_since(port: int, drops0: int) -> tuple[int, int]:
+    queue, drops = udp_socket(port)
+    return queue, max(0, drops - drops0)
 
 
 def _final(kind: str, pipe: Any, timeout: float = 60) -> dict[str, Any]:
@@ -97,6 +103,7 @@ def run_load(cfg: LoadConfig, *, log_path: str, progress: bool = True) -> dict[s
             idle_rss = servers.rss()
             hog = stack.enter_context(cpu_hog(cfg.cpu_hog))  # stopped on the way out, whatever happens
             loadavg0 = os.getloadavg()
+            drops0 = udp_socket(udp)[1]
             cpu0, t0 = servers.cpu(), time.monotonic()
             for kind, n in (("sse", cfg.sse_streams), ("h3", cfg.h3_streams), ("hostile", int(cfg.hostile))):
                 if n <= 0:
@@ -142,14 +149,16 @@ def run_load(cfg: LoadConfig, *, log_path: str, progress: bool = True) -> dict[s
                 sample = Sample(t - t0, servers.rss(), (cpu - prev_cpu) / (t - prev_t),
                                 sum(rss_bytes(w.pid) for _, w, _ in workers), (load_cpu - prev_load_cpu) / (t - prev_t),
                                 sum(m["active"] for m in last.values()), sum(m["events"] for m in last.values()),
-                                sum(m["errors"] for m in last.values()), nan_percentile(window, 99))
+                                sum(m["errors"] for m in last.values()), nan_percentile(window, 99),
+                                *_udp_since(udp, drops0))
                 prev_cpu, prev_t, prev_load_cpu = cpu, t, load_cpu
                 samples.append(sample)
                 if progress and (len(samples) % max(1, int(30 / cfg.sample_interval)) == 0 or t >= end):
                     print(f"  t={sample.t:6.0f} s  open streams {sample.active:5d}  events {sample.events:9d}  "
                           f"server RSS {sample.server_rss / 2**20:7.1f} MiB  CPU {sample.server_cpu * 100:5.1f}%  "
                           f"load CPU {sample.load_cpu * 100:5.1f}%  window p99 gap {sample.gap_p99 * 1000:6.0f} ms  "
-                          f"errors {sample.errors}", flush=True)
+                          f"errors {sample.errors}  UDP queue {sample.udp_queue / 1024:5.0f} KiB, "
+                          f"{sample.udp_drops} dropped", flush=True)
                     if hostile_last:
                         print(f"           hostile: {hostile_last['line']}", flush=True)
             if restarts is not None:
