@@ -26,13 +26,15 @@ from eloquent_plugins.cli.bench.load_servers import cpu_seconds
 MAX_CPU_HOG = 64
 """More spinning processes than this measures the scheduler, not the server."""
 
-SPIN = ("import os\n"
-        "parent = os.getppid()\n"
+SPIN = ("import os, sys\n"
+        "parent = int(sys.argv[1])\n"
         "while os.getppid() == parent:\n"
         "    for _ in range(200_000):\n"
         "        pass\n")
 """A busy loop that ends by itself once its parent is gone (a bench killed by SIGKILL or an unhandled SIGTERM
-runs no cleanup; its hogs must not spin on for ever): ``getppid`` is checked every few milliseconds."""
+runs no cleanup; its hogs must not spin on for ever): ``getppid`` is checked every few milliseconds against the
+parent's pid given on the command line (read at the hog's start instead, a parent killed while the hog was still
+starting up would have been missed)."""
 
 
 @dataclass
@@ -61,9 +63,9 @@ def cpu_hog(n: int) -> Iterator[CpuHog]:
     hog = CpuHog()
     try:
         for _ in range(n):
-            hog.procs.append(subprocess.Popen([sys.executable, "-c", SPIN], stdin=subprocess.DEVNULL,
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                              process_group=0))
+            hog.procs.append(subprocess.Popen([sys.executable, "-S", "-c", SPIN, str(os.getpid())],
+                                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.DEVNULL, process_group=0))
         yield hog
     finally:
         for proc in hog.procs:
