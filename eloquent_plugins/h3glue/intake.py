@@ -79,7 +79,7 @@ class BatchedIntake(asyncio.DatagramProtocol):
             self.extra += 1
             inner.datagram_received(data, addr)
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+    def connection_made(self, transport: asyncio.DatagramTransport) -> None:
         self.inner.connection_made(transport)
 
     def error_received(self, exc: Exception) -> None:
