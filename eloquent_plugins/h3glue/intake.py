@@ -79,8 +79,8 @@ class BatchedIntake(asyncio.DatagramProtocol):
             self.extra += 1
             inner.datagram_received(data, addr)
 
-    def connection_made(self, transport: asyncio.DatagramTransport) -> None:
-        self.inner.connection_made(transport)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.inner.connection_made(transport)  # type: ignore[arg-type]  # a datagram transport: it is ours
 
     def error_received(self, exc: Exception) -> None:
         self.inner.error_received(exc)
