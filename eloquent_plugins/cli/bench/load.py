@@ -7,6 +7,9 @@ over HTTP/3 datagrams with the project's client (``--h3-connections`` QUIC conne
 reopens a stream as soon as one ends, so thousands of streams start and finish during the run; every stream's
 text is checked against a non-streamed answer for the same prompt.
 
+With ``--cpu-hog N``, N processes spin on the CPU beside the load for the whole run (:mod:`.load_hog`): the
+streams must then still complete, or fail with a typed error, on both transports alike.
+
 With ``--hostile`` (or its knobs ``--never-readers``, ``--fake-initials-per-s``, ``--resume-storm``) a third
 process adds the traffic a public server also gets (:mod:`.load_hostile`); the verdict stays the normal streams'.
 
@@ -23,6 +26,7 @@ and their sampling :mod:`.load_servers` (the fleet under ``--restart-every``: :m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -42,6 +46,7 @@ from eloquent_plugins.cli.bench.load_config import (
     MAX_RESUME_STORM,
     LoadConfig,
 )
+from eloquent_plugins.cli.bench.load_hog import MAX_CPU_HOG, cpu_hog
 from eloquent_plugins.cli.bench.load_report import Sample, nan_percentile, print_summary, summarize
 from eloquent_plugins.cli.bench.load_servers import (
     cpu_seconds,
@@ -49,6 +54,7 @@ from eloquent_plugins.cli.bench.load_servers import (
     fleet_figures,
     rss_bytes,
     servers_under_load,
+    udp_socket,
 )
 from eloquent_plugins.cli.bench.load_wire import chat_body, prompts
 from eloquent_plugins.cli.flags import add_plot, add_progress
@@ -68,6 +74,11 @@ def _expected_texts(port: int, cfg: LoadConfig) -> dict[str, str]:
     return out
 
 
+def _udp_since(port: int, drops0: int) -> tuple[int, int]:
+    queue, drops = udp_socket(port)
+    return queue, max(0, drops - drops0)
+
+
 def _final(kind: str, pipe: Any, timeout: float = 60) -> dict[str, Any]:
     """The load process's last message (its final figures), skipping progress reports still in the pipe."""
     deadline = time.monotonic() + timeout
@@ -83,13 +94,16 @@ def run_load(cfg: LoadConfig, *, log_path: str, progress: bool = True) -> dict[s
     raise_nofile()
     ctx = multiprocessing.get_context("spawn")
     workers: list[tuple[str, Any, Any]] = []
-    with servers_under_load(cfg, log_path) as (servers, alive):
+    with servers_under_load(cfg, log_path) as (servers, alive), contextlib.ExitStack() as stack:
         restarts = servers.restarts
         try:
             port, udp = servers.port, servers.udp_port
             expected = _expected_texts(port, cfg)
             time.sleep(1.0)
             idle_rss = servers.rss()
+            hog = stack.enter_context(cpu_hog(cfg.cpu_hog))  # stopped on the way out, whatever happens
+            loadavg0 = os.getloadavg()
+            drops0 = udp_socket(udp)[1]
             cpu0, t0 = servers.cpu(), time.monotonic()
             for kind, n in (("sse", cfg.sse_streams), ("h3", cfg.h3_streams), ("hostile", int(cfg.hostile))):
                 if n <= 0:
@@ -127,20 +141,24 @@ def run_load(cfg: LoadConfig, *, log_path: str, progress: bool = True) -> dict[s
                     if not worker.is_alive():
                         raise RuntimeError(f"the {kind} load process died (exit code {worker.exitcode})")
                 alive()
+                if hog.alive() < cfg.cpu_hog:
+                    raise RuntimeError(f"a CPU hog died ({hog.alive()} of {cfg.cpu_hog} left)")
                 t = time.monotonic()
                 cpu = servers.cpu()
                 load_cpu = sum(cpu_seconds(w.pid) for _, w, _ in workers)
                 sample = Sample(t - t0, servers.rss(), (cpu - prev_cpu) / (t - prev_t),
                                 sum(rss_bytes(w.pid) for _, w, _ in workers), (load_cpu - prev_load_cpu) / (t - prev_t),
                                 sum(m["active"] for m in last.values()), sum(m["events"] for m in last.values()),
-                                sum(m["errors"] for m in last.values()), nan_percentile(window, 99))
+                                sum(m["errors"] for m in last.values()), nan_percentile(window, 99),
+                                *_udp_since(udp, drops0))
                 prev_cpu, prev_t, prev_load_cpu = cpu, t, load_cpu
                 samples.append(sample)
                 if progress and (len(samples) % max(1, int(30 / cfg.sample_interval)) == 0 or t >= end):
                     print(f"  t={sample.t:6.0f} s  open streams {sample.active:5d}  events {sample.events:9d}  "
                           f"server RSS {sample.server_rss / 2**20:7.1f} MiB  CPU {sample.server_cpu * 100:5.1f}%  "
                           f"load CPU {sample.load_cpu * 100:5.1f}%  window p99 gap {sample.gap_p99 * 1000:6.0f} ms  "
-                          f"errors {sample.errors}", flush=True)
+                          f"errors {sample.errors}  UDP queue {sample.udp_queue / 1024:5.0f} KiB, "
+                          f"{sample.udp_drops} dropped", flush=True)
                     if hostile_last:
                         print(f"           hostile: {hostile_last['line']}", flush=True)
             if restarts is not None:
@@ -148,6 +166,8 @@ def run_load(cfg: LoadConfig, *, log_path: str, progress: bool = True) -> dict[s
                 alive()
             cpu_load = servers.cpu() - cpu0
             wall = time.monotonic() - t0
+            hog_figures = {"processes": cfg.cpu_hog, "cpu_share": hog.cpu() / wall if wall else 0.0,
+                           "load_average_start": loadavg0[0], "load_average_end": os.getloadavg()[0]}
             for _, _, pipe in workers:
                 pipe.send("stop")
             finals = {kind: _final(kind, pipe) for kind, _, pipe in workers}
@@ -167,6 +187,7 @@ def run_load(cfg: LoadConfig, *, log_path: str, progress: bool = True) -> dict[s
                        wall=wall, engine=stats, t0=t0, hostile=hostile)
     if fleet is not None:
         result["fleet"] = fleet
+    result["contention"] = hog_figures
     return result
 
 
@@ -192,6 +213,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="server's resume TTL in seconds (%(default)s)")
     parser.add_argument("--sample-interval", type=numbers.positive_seconds, default=d.sample_interval,
                         help=argparse.SUPPRESS)
+    parser.add_argument("--cpu-hog", type=numbers.number(int, "a whole number", high=MAX_CPU_HOG, high_open=False),
+                        default=d.cpu_hog, metavar="N",
+                        help="N processes spinning on the CPU beside the load for the whole run, started and "
+                             "stopped by the bench: streams must still complete or fail typed (%(default)s)")
     parser.add_argument("--quick", action="store_true", help="a 30 s smoke run: 100 SSE + 20 HTTP/3 streams")
     parser.add_argument("--json", metavar="PATH", help="also write every figure and sample as JSON")
     add_plot(parser, "write a PNG of the samples over time (needs matplotlib)")
@@ -231,17 +256,17 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
     if getattr(args, "hostile", False):
         knobs = {name: HOSTILE_PRESET[name] if value is None else value for name, value in knobs.items()}
     hostile = {name: value for name, value in knobs.items() if value is not None}
-    fleet = {"restart_every": getattr(args, "restart_every", 0.0), "replicas": getattr(args, "replicas", 2),
-             "drain_timeout": getattr(args, "drain_timeout", 2.0)}
+    knobs_more = {"restart_every": getattr(args, "restart_every", 0.0), "replicas": getattr(args, "replicas", 2),
+             "drain_timeout": getattr(args, "drain_timeout", 2.0), "cpu_hog": getattr(args, "cpu_hog", 0)}
     if args.quick:
         return LoadConfig(sse_streams=100, h3_streams=20, h3_connections=4, duration=20, ramp=5, tpot=0.1,
-                          max_tokens=40, resume_ttl=5, sample_interval=1, **hostile, **fleet)
+                          max_tokens=40, resume_ttl=5, sample_interval=1, **hostile, **knobs_more)
     cfg = LoadConfig(sse_streams=args.sse, h3_streams=args.h3, h3_connections=args.h3_connections,
                      duration=args.duration, ramp=args.ramp, tpot=args.tpot, ttft=args.ttft,
                      max_tokens=args.max_tokens, resume_ttl=args.resume_ttl, sample_interval=args.sample_interval)
     if cfg.sse_streams + cfg.h3_streams == 0:
         raise ConfigError("nothing to do: --sse and --h3 are both 0")
-    return replace(cfg, **hostile, **fleet)
+    return replace(cfg, **hostile, **knobs_more)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -254,8 +279,9 @@ def run(args: argparse.Namespace) -> int:
     where = (f"{cfg.replicas} eloquent serve replicas behind nginx with a redis-server, one restarted every "
              f"{cfg.restart_every:g} s (logs {tempfile.gettempdir()}/eloquent-fleet-*.log)" if cfg.fleet else
              f"eloquent serve (log {log_path})")
+    hog = f"; {cfg.cpu_hog} CPU hog processes beside it on {os.cpu_count()} CPUs" if cfg.cpu_hog else ""
     print(f"starting {where}; {cfg.sse_streams} SSE + {cfg.h3_streams} HTTP/3 streams, "
-          f"ramp {cfg.ramp:.0f} s, hold {cfg.duration:.0f} s{mix}", flush=True)
+          f"ramp {cfg.ramp:.0f} s, hold {cfg.duration:.0f} s{mix}{hog}", flush=True)
     result = run_load(cfg, log_path=log_path, progress=args.progress is not False)
     print_summary(result)
     if args.json:

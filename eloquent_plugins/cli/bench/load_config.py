@@ -36,6 +36,8 @@ class LoadConfig:
     replicas: int = 2
     drain_timeout: float = 2.0
     """The replicas' ``--drain-timeout`` under restarts: streams still running then are handed over (migrated)."""
+    cpu_hog: int = 0
+    """Processes spinning on the CPU beside the load for the whole run (:mod:`.load_hog`): contention on purpose."""
 
     @property
     def stream_seconds(self) -> float:

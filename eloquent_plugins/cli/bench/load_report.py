@@ -42,6 +42,10 @@ class Sample:
     events: int
     errors: int
     gap_p99: float
+    udp_queue: int = 0
+    """The HTTP/3 port's UDP receive queue (bytes, ``load_servers.udp_socket``) at the sample."""
+    udp_drops: int = 0
+    """Datagrams that socket dropped (full queue) since the load began."""
 
 
 def summarize(cfg: LoadConfig, samples: list[Sample], finals: dict[str, dict[str, Any]], *, idle_rss: int,
@@ -61,6 +65,10 @@ def summarize(cfg: LoadConfig, samples: list[Sample], finals: dict[str, dict[str
                                "median": statistics.median(s.server_rss for s in hold) / 2**20,
                                "max": max(s.server_rss for s in hold) / 2**20}
         out["per_stream_kib"] = (statistics.median(s.server_rss for s in hold) - idle_rss) / 1024 / max(1, streams)
+    if samples:
+        out["udp_queue_kib"] = {"median": statistics.median(s.udp_queue for s in samples) / 1024,
+                                "max": max(s.udp_queue for s in samples) / 1024}
+        out["udp_drops"] = samples[-1].udp_drops
     if len(steady) >= 2:
         out["steady_from_s"] = steady[0].t
         out["steady_rss_mib"] = {"first": steady[0].server_rss / 2**20, "last": steady[-1].server_rss / 2**20,
@@ -138,6 +146,12 @@ def print_summary(result: dict[str, Any]) -> None:
           f"({cfg['h3_connections']} QUIC connections), {cfg['max_tokens']} tokens each at tpot "
           f"{cfg['tpot'] * 1000:.0f} ms, held {cfg['duration']:.0f} s after a {cfg['ramp']:.0f} s ramp, "
           f"{result['cpus']} CPUs, resume TTL {cfg['resume_ttl']:.0f} s")
+    c = result.get("contention")
+    if c is not None:
+        hog = (f"{c['processes']} CPU hog processes beside the load (they took {c['cpu_share'] * 100:.0f}% of one "
+               f"core); " if c["processes"] else "no CPU hog; ")
+        print(f"contention: {hog}load average {c['load_average_start']:.1f} at the start, "
+              f"{c['load_average_end']:.1f} at the end")
     print(f"{'transport':<10} {'streams done':>12} {'cut at end':>10} {'events':>10} {'gap p50':>9} {'gap p99':>9} "
           f"{'gap max':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'held p99':>9} {'errors':>7}")
     for kind, label in (("sse", "SSE"), ("h3", "HTTP/3")):
@@ -155,6 +169,10 @@ def print_summary(result: dict[str, Any]) -> None:
         print(f"; under load min/median/max {h['min']:.1f}/{h['median']:.1f}/{h['max']:.1f} MiB "
               f"({result['per_stream_kib']:.1f} KiB per open stream)", end="")
     print(f"; after the load {result['drained_rss_mib']:.1f} MiB")
+    if "udp_queue_kib" in result:
+        q = result["udp_queue_kib"]
+        print(f"HTTP/3 port's UDP receive queue median/max {q['median']:.0f}/{q['max']:.0f} KiB, "
+              f"{result['udp_drops']} datagrams dropped")
     if "steady_slope_mib_per_min" in result:
         s = result["steady_rss_mib"]
         print(f"steady from t={result['steady_from_s']:.0f} s: server RSS {s['first']:.1f} -> {s['last']:.1f} MiB "

@@ -42,6 +42,28 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def udp_socket(port: int) -> tuple[int, int]:
+    """(receive queue in bytes, datagrams dropped since it opened) of the UDP socket bound to ``port``, from
+    ``/proc/net/udp`` and ``udp6`` ((0, 0) when none is found). The queue counts the kernel's memory per datagram
+    (about 1 KiB for a small one), the unit ``SO_RCVBUF`` caps. Why the bench reads it: a server that takes its
+    clients' datagrams in slower than they come shows it here first (the queue grows, then drops), long before
+    any stream fails (issue 28)."""
+    queue = drops = 0
+    for table in ("/proc/net/udp", "/proc/net/udp6"):
+        try:
+            with open(table) as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 13 or int(fields[1].rsplit(":", 1)[1], 16) != port:
+                continue
+            queue += int(fields[4].split(":")[1], 16)
+            drops += int(fields[12])
+    return queue, drops
+
+
 @dataclass
 class Servers:
     """What the parent samples: one ``eloquent serve``, or a fleet's replicas (whose processes come and go: CPU is

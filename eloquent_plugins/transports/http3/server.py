@@ -27,6 +27,7 @@ from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.hooks.manager import codecs
 from eloquent_plugins.core.protocol import QUIC_MAX_DATAGRAM_SIZE
 from eloquent_plugins.h3glue.common import ALPN, server_sockname
+from eloquent_plugins.h3glue.intake import BatchedIntake
 from eloquent_plugins.h3glue.listener import AdmissionStats, GuardedQuicServer
 from eloquent_plugins.transports.body_budget import HeldBodies
 from eloquent_plugins.transports.config import StreamConfig
@@ -188,4 +189,5 @@ async def start_http3_server(app: Callable[..., Any], *, host: str, port: int, c
         with contextlib.suppress(OSError):  # best effort: the kernel may refuse or cap it
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UDP_RECEIVE_BUFFER)
     bound = server_sockname(server) or (host, port)
+    BatchedIntake.install(transport)  # every datagram already queued at each wake-up, not one (h3glue.intake)
     return Http3Server(server, state, host, int(bound[1]), manager)
