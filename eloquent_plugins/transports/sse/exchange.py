@@ -256,10 +256,11 @@ class Exchange:
         at once), then stop the engine request. In that order: the store holds every event the client got, and
         the stream's log is not closed (which would write an end) before the store let go of it."""
         store, stream_log, token, info = self.mw.store, self.log, self.token, self.info
+        if self.mode is Mode.SSE:
+            # Nothing more is logged (nor by ``app_send``'s direct way): a resume here would get what Redis lacks
+            self.mode, self.write = Mode.HANDED_OVER, None
         if self.conn is not None:
             self.conn.drained()
-        if self.mode is Mode.SSE:
-            self.mode = Mode.HANDED_OVER  # nothing more is logged: a resume here must not get what Redis lacks
         if store is not None and token is not None and stream_log is not None and not stream_log.closed:
             try:
                 await store.hand_over(token)

@@ -195,3 +195,27 @@ async def test_a_resume_on_a_small_host_is_refused_to_another_caller_and_for_an_
     token = parse_event_id(event_id).token
     unknown = await resume(host, event_id.replace(token, "x" * len(token)))
     assert unknown.status == 404
+
+
+async def test_nothing_is_logged_after_the_hand_over() -> None:
+    """The drain's deadline hands a running stream over: the store copies what its log holds, another replica
+    continues from there. An event logged after that (the app does not stop at once) would reach a resume on this
+    replica and never the store: the client would hold an event the continuing replica cannot know (found by
+    ``eloquent bench load --restart-every``: "sent but never copied", the stream lost). The event path's direct
+    way in must be closed too, not only the exchange's own."""
+    gate = asyncio.Event()
+    payloads = [b'{"n":%d}' % i for i in range(40)]
+    host = SmallHost(events_app(payloads, gate))
+    first = Client()
+    producing = asyncio.ensure_future(Exchange(host, scope(), first.receive, first.send).run())
+    for _ in range(200):
+        if first.events():
+            break
+        await asyncio.sleep(0.01)
+    (_, exchange), = host.exchanges.items()
+    stream_log = exchange.log  # type: ignore[attr-defined]
+    await exchange.hand_over()  # type: ignore[attr-defined]
+    logged = stream_log.next_index
+    gate.set()  # the app sends its 39 other events as if nothing happened
+    await asyncio.wait_for(producing, 10)
+    assert stream_log.next_index == logged == 1, "events were logged after the hand-over"
