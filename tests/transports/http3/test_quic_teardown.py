@@ -64,3 +64,30 @@ async def test_closing_connections_with_200_streams_frees_all_200_engine_request
     assert draining == CONNECTIONS, (
         f"the engine was freed only once aioquic reported the connections gone ({freed_after:.1f} s after the close), "
         "not when the client's CONNECTION_CLOSE arrived")
+
+
+async def test_resetting_streams_frees_their_engine_requests_and_spares_the_others() -> None:
+    """A client that cancels a stream (RESET_STREAM and STOP_SENDING, what ``H3Stream.cancel`` sends) frees that
+    stream's engine request; the streams beside it on the same connection keep generating."""
+    app = create_engine_app(EngineConfig(ttft=0.0, tpot=0.25, max_concurrency=100))
+    engine = app.state.engine
+    srv = await start_http3_server(app, host="127.0.0.1", port=0, config=StreamConfig())
+    conn: Http3ClientConnection | None = None
+    try:
+        conn = await Http3ClientConnection.connect("127.0.0.1", srv.port, verify=False, timeout=30)
+        streams = [await conn.request("POST", "/v1/chat/completions", body=BODY,
+                                      headers=[("content-type", "application/json")]) for _ in range(10)]
+        for stream in streams:
+            await stream.wait_headers(30)
+        await wait_until(lambda: engine.stats().running == 10, "every stream generating", timeout=60)
+        before = engine.stats()
+        for stream in streams[:6]:
+            stream.cancel()
+        await wait_until(lambda: engine.stats().running == 4, "the 6 cancelled streams freed", timeout=30)
+        after = engine.stats()
+        assert after.aborted - before.aborted == 6 and after.running == 4, (before, after)
+        assert not conn.closed, "the connection and its other streams go on"
+    finally:
+        if conn is not None:
+            await conn.close()
+        await srv.close()
