@@ -36,11 +36,8 @@ from eloquent_plugins.core.events import EventKind
 from eloquent_plugins.engine import create_engine_app
 from eloquent_plugins.engine.config import EngineConfig
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
-from eloquent_client import AsyncEloquentTransport, PathMemory
 
-from eloquent_plugins.sim.netem import PathConfig
-from eloquent_plugins.sim.udp_relay import RelayConfig, start_relay
-from tests.support.client_servers import MODEL, Served, eloquent_serve
+from tests.support.client_servers import MODEL, Served, eloquent_serve, lossy_openai
 from tests.support.servers import UvicornThread
 from tests.support.tgi_server import TGIServerConfig, create_tgi_server, run_in_thread
 
@@ -311,26 +308,11 @@ def padded_server() -> Iterator[Served]:
 
 
 async def test_python_client_reads_padded_datagrams_over_lossy_quic(padded_server: Served) -> None:
-    relay = await start_relay(RelayConfig(target=("127.0.0.1", padded_server.udp_port),
-                                          upstream=PathConfig(loss=0.10, delay=0.005),
-                                          downstream=PathConfig(loss=0.10, delay=0.005), seed=29))
-    seen: list[str] = []
-
-    async def hook(response: httpx.Response) -> None:
-        seen.append(response.headers.get("eloquent-delivery", "?"))
-
-    http = httpx.AsyncClient(transport=AsyncEloquentTransport(verify=False, h3_port=relay.listen_addr[1],
-                                                              h3_probe_timeout=10.0, path_memory=PathMemory()),
-                             event_hooks={"response": [hook]})
-    client = openai.AsyncOpenAI(base_url=padded_server.http + "/v1", api_key="test-key", http_client=http)
-    try:
-        prompt = "Tell me about padded rivers."
+    prompt = "Tell me about padded rivers."
+    async with lossy_openai(padded_server, seed=29) as (client, seen):
         stream = await client.chat.completions.create(model=MODEL, stream=True, max_tokens=60,
                                                       messages=[{"role": "user", "content": prompt}])
         text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
-    finally:
-        await client.close()
-        await relay.close()
     assert seen == ["datagram"]
     assert text == padded_server.text(prompt, 60) and len(text) > 50
 

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,3 +72,32 @@ def eloquent_serve(*args: str, env: dict[str, str] | None = None, certs: str | N
                 proc.wait()
             log.seek(0)
             print(log.read().decode(errors="replace")[-3000:])
+
+
+@contextlib.asynccontextmanager
+async def lossy_openai(served: Served, seed: int, loss: float = 0.10) -> AsyncIterator[tuple[Any, list[str]]]:
+    """The openai SDK on ``AsyncEloquentTransport`` reaching ``served``'s HTTP/3 port through a relay with ``loss``
+    each way: the client, and the ``eloquent-delivery`` of each response as it comes."""
+    import openai
+
+    from eloquent_client import AsyncEloquentTransport, PathMemory
+    from eloquent_plugins.sim.netem import PathConfig
+    from eloquent_plugins.sim.udp_relay import RelayConfig, start_relay
+
+    path = PathConfig(loss=loss, delay=0.005)
+    relay = await start_relay(RelayConfig(target=("127.0.0.1", served.udp_port), upstream=path, downstream=path,
+                                          seed=seed))
+    deliveries: list[str] = []
+
+    async def hook(response: httpx.Response) -> None:
+        deliveries.append(response.headers.get("eloquent-delivery", "?"))
+
+    http = httpx.AsyncClient(transport=AsyncEloquentTransport(verify=False, h3_port=relay.listen_addr[1],
+                                                              h3_probe_timeout=10.0, path_memory=PathMemory()),
+                             event_hooks={"response": [hook]})
+    client = openai.AsyncOpenAI(base_url=served.http + "/v1", api_key="test-key", http_client=http)
+    try:
+        yield client, deliveries
+    finally:
+        await client.close()
+        await relay.close()

@@ -10,19 +10,14 @@ import asyncio
 import json
 from collections.abc import Iterator
 
-import httpx
-import openai
 import pytest
 
-from eloquent_client import AsyncEloquentTransport, PathMemory
 from eloquent_plugins.engine import create_engine_app
 from eloquent_plugins.engine.config import EngineConfig
-from eloquent_plugins.sim.netem import PathConfig
-from eloquent_plugins.sim.udp_relay import RelayConfig, start_relay
 from eloquent_plugins.transports.asgi import PACING_EXTENSION
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
-from tests.support.client_servers import MODEL, Served, eloquent_serve
+from tests.support.client_servers import MODEL, Served, eloquent_serve, lossy_openai
 
 
 @pytest.fixture(scope="module")
@@ -32,27 +27,12 @@ def paced_server() -> Iterator[Served]:
 
 
 async def test_paced_datagrams_carry_the_whole_text_through_loss(paced_server: Served) -> None:
-    relay = await start_relay(RelayConfig(target=("127.0.0.1", paced_server.udp_port),
-                                          upstream=PathConfig(loss=0.10, delay=0.005),
-                                          downstream=PathConfig(loss=0.10, delay=0.005), seed=4))
-    delivery: list[str] = []
-
-    async def hook(response: httpx.Response) -> None:
-        delivery.append(response.headers.get("eloquent-delivery", "?"))
-
-    http = httpx.AsyncClient(transport=AsyncEloquentTransport(verify=False, h3_port=relay.listen_addr[1],
-                                                              h3_probe_timeout=10.0, path_memory=PathMemory()),
-                             event_hooks={"response": [hook]})
-    client = openai.AsyncOpenAI(base_url=paced_server.http + "/v1", api_key="test-key", http_client=http)
-    try:
-        texts = []
+    texts = []
+    async with lossy_openai(paced_server, seed=4) as (client, delivery):
         for prompt in ("Tell me about ticking rivers.", "And about clocks?"):
             stream = await client.chat.completions.create(model=MODEL, stream=True, max_tokens=60,
                                                           messages=[{"role": "user", "content": prompt}])
             texts.append("".join([c.choices[0].delta.content or "" async for c in stream if c.choices]))
-    finally:
-        await client.close()
-        await relay.close()
     assert delivery == ["datagram", "datagram"]
     assert texts[0] == paced_server.text("Tell me about ticking rivers.", 60) and len(texts[0]) > 50
     assert texts[1] == paced_server.text("And about clocks?", 60)

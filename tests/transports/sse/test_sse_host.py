@@ -123,6 +123,14 @@ class Client:
         return last["type"] == "http.response.body" and not last.get("more_body", False)
 
 
+async def first_event(client: Client) -> None:
+    """Until ``client`` has an event (at most 2 s: a guard, not a measurement)."""
+    for _ in range(200):
+        if client.events():
+            return
+        await asyncio.sleep(0.01)
+
+
 async def stream(host: StreamHost) -> Client:
     client = Client()
     await asyncio.wait_for(Exchange(host, scope(), client.receive, client.send).run(), 10)
@@ -164,10 +172,7 @@ async def test_a_resume_of_a_live_stream_is_seen_by_its_exchange() -> None:
     host = SmallHost(events_app(PAYLOADS, gate))
     first = Client()
     producing = asyncio.ensure_future(Exchange(host, scope(), first.receive, first.send).run())
-    for _ in range(200):
-        if first.events():
-            break
-        await asyncio.sleep(0.01)
+    await first_event(first)
     event_id = first.events()[0][0]
     assert event_id is not None
     (token, exchange), = host.exchanges.items()
@@ -208,10 +213,7 @@ async def test_nothing_is_logged_after_the_hand_over() -> None:
     host = SmallHost(events_app(payloads, gate))
     first = Client()
     producing = asyncio.ensure_future(Exchange(host, scope(), first.receive, first.send).run())
-    for _ in range(200):
-        if first.events():
-            break
-        await asyncio.sleep(0.01)
+    await first_event(first)
     (_, exchange), = host.exchanges.items()
     stream_log = exchange.log  # type: ignore[attr-defined]
     await exchange.hand_over()  # type: ignore[attr-defined]
