@@ -39,6 +39,7 @@ from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 
 from tests.support.client_servers import MODEL, Served, eloquent_serve, lossy_openai
 from tests.support.servers import UvicornThread
+from tests.support.streams import body_writes
 from tests.support.tgi_server import TGIServerConfig, create_tgi_server, run_in_thread
 
 BUDGET = 1286
@@ -225,30 +226,7 @@ def test_send_tick_coalesces_the_writes_and_loses_nothing() -> None:
         app = EloquentMiddleware(create_engine_app(EngineConfig(ttft=0.0, tpot=0.002)),
                                  StreamConfig(send_tick=tick, keepalive=0.0, resume=False))
         body = json.dumps(chat("ticks", max_tokens=40)).encode()
-        writes: list[bytes] = []
-        done = asyncio.Event()
-        first = True
-
-        async def receive() -> dict[str, object]:
-            nonlocal first
-            if first:
-                first = False
-                return {"type": "http.request", "body": body, "more_body": False}
-            await done.wait()
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict[str, object]) -> None:
-            if message["type"] == "http.response.body":
-                if message.get("body"):
-                    writes.append(message["body"])  # type: ignore[arg-type]
-                if not message.get("more_body"):
-                    done.set()
-
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-                 "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
-                 "query_string": b"", "root_path": "", "headers": [(b"content-type", b"application/json")],
-                 "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
-        await asyncio.wait_for(app(scope, receive, send), 60)
+        writes = await body_writes(app, body)
         messages = SSEParser().feed(b"".join(writes))
         chunks = [json.loads(m.data) for m in messages if m.data.startswith("{")]
         return len(writes), "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])

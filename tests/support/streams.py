@@ -61,3 +61,36 @@ async def wait_until(predicate: Callable[[], object], what: str = "condition", t
         if loop.time() > deadline:
             raise AssertionError(f"{what}: not reached within {timeout} s")
         await asyncio.sleep(interval)
+
+
+async def body_writes(app: Any, body: bytes, *, extensions: dict[str, object] | None = None,
+                      http_version: str = "1.1", timeout: float = 60.0) -> list[bytes]:
+    """One POST to ``/v1/chat/completions`` through ``app`` in process (no server): the body writes it makes, in
+    order. The client stays until the response ends."""
+    writes: list[bytes] = []
+    done = asyncio.Event()
+    asked = False
+
+    async def receive() -> dict[str, object]:
+        nonlocal asked
+        if not asked:
+            asked = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            if message.get("body"):
+                writes.append(message["body"])
+            if not message.get("more_body"):
+                done.set()
+
+    secure = http_version == "3"
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": http_version, "method": "POST",
+             "scheme": "https" if secure else "http", "path": "/v1/chat/completions",
+             "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 1),
+             "server": ("127.0.0.1", 443 if secure else 80), "extensions": dict(extensions or {})}
+    await asyncio.wait_for(app(scope, receive, send), timeout)
+    return writes

@@ -18,6 +18,7 @@ from eloquent_plugins.transports.asgi import PACING_EXTENSION
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 from tests.support.client_servers import MODEL, Served, eloquent_serve, lossy_openai
+from tests.support.streams import body_writes
 
 
 @pytest.fixture(scope="module")
@@ -46,30 +47,7 @@ def _writes(tick: float, extensions: dict[str, object]) -> tuple[int, str]:
                                  StreamConfig(send_tick=tick, keepalive=0.0, resume=False))
         body = json.dumps({"model": EngineConfig().model, "messages": [{"role": "user", "content": "tick"}],
                            "stream": True, "max_tokens": 40}).encode()
-        writes: list[bytes] = []
-        done = asyncio.Event()
-        asked = False
-
-        async def receive() -> dict[str, object]:
-            nonlocal asked
-            if not asked:
-                asked = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await done.wait()
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict[str, object]) -> None:
-            if message["type"] == "http.response.body":
-                if message.get("body"):
-                    writes.append(message["body"])  # type: ignore[arg-type]
-                if not message.get("more_body"):
-                    done.set()
-
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "3", "method": "POST",
-                 "scheme": "https", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
-                 "query_string": b"", "root_path": "", "headers": [(b"content-type", b"application/json")],
-                 "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 443), "extensions": extensions}
-        await asyncio.wait_for(app(scope, receive, send), 60)
+        writes = await body_writes(app, body, extensions=extensions, http_version="3")
         text = b"".join(writes).decode()
         contents = [json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
                     for line in text.splitlines() if line.startswith("data: {") and '"choices":[{' in line]
