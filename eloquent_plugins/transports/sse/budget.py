@@ -303,8 +303,12 @@ class StreamBudget:
     async def _tick(self) -> None:
         while self.live or self._freed:
             await asyncio.sleep(TICK)
-            self.enforce()
-            unsent = self.unsent()
+            try:
+                self.enforce()
+                unsent = self.unsent()
+            except Exception:  # noqa: BLE001 - one bad reading must not end the budget's watch for good
+                log.exception("memory budget: reading what is held failed; trying again next tick")
+                continue
             self._freed += max(0, self._unsent - unsent)
             self._unsent = unsent
             self._release()

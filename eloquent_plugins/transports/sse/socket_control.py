@@ -61,4 +61,14 @@ def socket_control(scope: Mapping[str, Any]) -> SocketControl | None:
 
 def socket_extension(transport: Any) -> dict[str, Callable[..., Any]]:
     """The extension's value for an asyncio transport (what a server puts in each request's scope)."""
-    return {"abort": transport.abort, "unsent": transport.get_write_buffer_size}
+
+    def unsent() -> int:
+        # A closed TLS transport has no SSL protocol left to ask (asyncio's ``get_write_buffer_size`` then raises
+        # AttributeError): it holds nothing any more. Asked from the memory budget's accounting, for every live
+        # stream, so a raise here failed new requests (500) and stopped the budget's tick.
+        try:
+            return int(transport.get_write_buffer_size())
+        except (AttributeError, RuntimeError):
+            return 0
+
+    return {"abort": transport.abort, "unsent": unsent}

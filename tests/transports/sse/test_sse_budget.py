@@ -12,6 +12,8 @@ import asyncio
 import json
 import re
 import socket
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,6 +36,7 @@ from eloquent_plugins.transports.sse.budget import (
     StreamBudget,
 )
 from eloquent_plugins.transports.sse.connection import Connection
+from eloquent_plugins.transports.sse.socket_control import socket_extension
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 from eloquent_plugins.transports.sse.receive import ReceiveRelay
 from eloquent_plugins.transports.sse.socket_control import (
@@ -482,3 +485,39 @@ def test_the_bounds_are_settings_with_env_variables():
     for name, raw in (("MAX_QUEUED_BYTES", "-1"), ("MAX_HELD_BYTES", "lots"), ("SOCKET_SEND_BUFFER", "1.5")):
         with pytest.raises(ConfigError):
             StreamConfig.from_env({f"ELOQUENT_{name}": raw})
+
+
+async def test_a_closed_tls_connection_holds_nothing_and_raises_nothing() -> None:
+    """asyncio's TLS transport, once closed, has no SSL protocol to ask for its buffer: ``get_write_buffer_size``
+    raises AttributeError. The budget asks every live stream's connection on each admission and tick, so under
+    ``eloquent serve`` with TLS (the fleet test, a rolling restart) a new HTTP/3 request got a 500 and the
+    budget's tick died. The extension answers 0 for such a connection."""
+    import ssl
+
+    from eloquent_plugins.transports.http3.certs import generate_dev_certificate
+
+    loop = asyncio.get_running_loop()
+    with tempfile.TemporaryDirectory() as folder:
+        pair = generate_dev_certificate(Path(folder))
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(str(pair.certfile), str(pair.keyfile))
+        accepted: asyncio.Future[asyncio.Transport] = loop.create_future()
+
+        class Server(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                accepted.set_result(transport)  # type: ignore[arg-type]
+
+        server = await loop.create_server(Server, "127.0.0.1", 0, ssl=context)
+        port = server.sockets[0].getsockname()[1]
+        client_context = ssl.create_default_context()
+        client_context.check_hostname, client_context.verify_mode = False, ssl.CERT_NONE
+        writer = (await asyncio.open_connection("127.0.0.1", port, ssl=client_context))[1]
+        transport = await asyncio.wait_for(accepted, 10)
+        extension = socket_extension(transport)
+        assert extension["unsent"]() == 0
+        transport.close()
+        transport.close()  # a second close (an abort after a close does the same) lets go of the SSL protocol
+        await asyncio.sleep(0.1)
+        writer.close()
+        server.close()
+        assert extension["unsent"]() == 0, "a closed TLS transport holds nothing"
