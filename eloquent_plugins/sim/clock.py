@@ -25,6 +25,15 @@ class EventLoop:
         heapq.heappush(self._queue, (max(when, self.now), self._seq, callback, args))
         self._seq += 1
 
+    def run_until(self, when: float) -> None:
+        """Run what is due up to ``when`` and stop there; the rest stays scheduled."""
+        queue = self._queue
+        while queue and queue[0][0] <= when:
+            at, _, callback, args = heapq.heappop(queue)
+            self.now = at
+            callback(*args)
+        self.now = max(self.now, when)
+
     def run(self, limit: float) -> None:
         """Run until nothing is scheduled; raise if virtual time would pass ``limit``."""
         queue = self._queue

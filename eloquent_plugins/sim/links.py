@@ -19,6 +19,11 @@ from eloquent_plugins.sim.tcp_receiver import TcpReceiver
 
 WARMUP = 2.0
 """Seconds the bulk flow runs before the first token (past its slow start), in the simulator and end to end."""
+REQUEST_TTFT = 0.2
+"""The engine's time to the first token end to end (``bench e2e``'s ``--ttft`` default): the request leaves that
+much plus the one-way delay before the stream's first token is due."""
+REQUEST_BYTES = 500
+"""The request's one packet up the link: a short chat POST over HTTP/3 with QUIC's and UDP/IP's headers."""
 DEFAULT_QUEUE_PACKETS = 100
 """A cellular base station's per-user buffer is deep: 100 packets (150 KB) is a common emulation choice."""
 
@@ -50,6 +55,20 @@ class RealLink:
 def stream_offset(stream_index: int, span: float) -> float:
     """Where stream ``stream_index`` (counted over seeds: (seed - 1) * streams + stream) starts in the trace."""
     return stream_index * span
+
+
+def request_delay(loop: EventLoop, reverse: Link, sent: float, retry: float) -> float:
+    """How much later than on an idle link the stream's request reaches the server when it leaves at ``sent``:
+    it waits for the uplink's opportunities and behind what queues there (a bulk flow's ACKs), as the end-to-end
+    request does, so the stream starts that much later in the trace. Dropped by a full queue, it goes again
+    ``retry`` s later (QUIC's probe timeout). ``loop`` runs whatever else shares the link up to each send."""
+    at = sent
+    while True:
+        loop.run_until(at)
+        arrival = reverse.through(at, REQUEST_BYTES)
+        if arrival is not None:
+            return max(0.0, arrival - sent - reverse.config.delay)
+        at += retry
 
 
 @dataclass(slots=True)

@@ -23,7 +23,8 @@ from eloquent_plugins.sim.quic_window import held_times
 from eloquent_plugins.sim.scenario import Scenario
 from eloquent_plugins.sim.tcp import TcpConfig, TcpSender
 from eloquent_plugins.sim.tcp_receiver import TcpReceiver
-from eloquent_plugins.sim.links import WARMUP, BulkFlow, RealLink, stream_offset, stream_span
+from eloquent_plugins.sim.links import (REQUEST_TTFT, WARMUP, BulkFlow, RealLink, request_delay, stream_offset,
+                                        stream_span)
 from eloquent_plugins.sim.timeline import Timeline, TokenModel, generate_timeline
 from eloquent_plugins.sim.link import QUIC_DATAGRAM_HEADER, TCP_HEADER, SimWire
 
@@ -132,6 +133,14 @@ class LinkRun:
     def paths(self, base: PathConfig, timeline: Timeline, seeds: StreamSeeds) -> tuple[SlottedPath, SlottedPath]:
         forward, reverse = self.link.paths(base, self.offset)
         return _paths(forward, timeline, seeds, reverse)
+
+    def request_delay(self, scenario: Scenario, timeline: Timeline, seeds: StreamSeeds) -> float:
+        """The request's wait up the link (``links.request_delay``), the same for every scheme."""
+        loop = EventLoop()
+        forward, reverse = self.paths(scenario.path_config(), timeline, seeds)
+        self.bulk(loop, forward, reverse, timeline, _initial_rtt(scenario))
+        sent = timeline.times[0] - REQUEST_TTFT - reverse.link.config.delay
+        return request_delay(loop, reverse.link, sent, retry=3 * _initial_rtt(scenario))
 
     def bulk(self, loop: EventLoop, forward: SlottedPath, reverse: SlottedPath, timeline: Timeline,
              rtt: float) -> BulkFlow | None:
@@ -345,7 +354,8 @@ def run_once(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, link: L
 def simulate_stream(scenario: Scenario, seed: int, stream: int, trace: Trace | None = None,
                     schemes: tuple[str, ...] = SCHEMES, real_link: RealLink | None = None) -> dict[str, StreamRun]:
     """``real_link``: the stream runs on that trace pair (from its place in the trace, ``links.stream_offset``),
-    after ``links.WARMUP`` s, beside a bulk download when ``scenario.cross``; the oracle is not defined there."""
+    after ``links.WARMUP`` s and its request's wait up the link (``LinkRun.request_delay``), beside a bulk
+    download when ``scenario.cross``; the oracle is not defined there."""
     seeds = StreamSeeds.derive(seed, stream)
     model = TokenModel(tokens=scenario.tokens, tpot=scenario.tpot_ms / 1000)
     timeline = generate_timeline(model, random.Random(seeds.timeline))
@@ -354,6 +364,8 @@ def simulate_stream(scenario: Scenario, seed: int, stream: int, trace: Trace | N
         timeline = replace(timeline, times=tuple(t + WARMUP for t in timeline.times))
         span = stream_span(scenario.tokens, scenario.tpot_ms / 1000)
         link = LinkRun(real_link, stream_offset((seed - 1) * scenario.streams + stream, span), bool(scenario.cross))
+        wait = link.request_delay(scenario, timeline, seeds)
+        timeline = replace(timeline, times=tuple(t + wait for t in timeline.times))
     out: dict[str, StreamRun] = {}
     alone = run_bulk_alone(scenario, timeline, seeds, link) if link is not None and link.cross else None
     for scheme in schemes:

@@ -13,6 +13,10 @@ import pytest
 from eloquent_plugins.cli.main import main
 from eloquent_plugins.sim.netem import (CapacityLink, CapacityTraceError, PathConfig, PathModel, TraceQueue,
                                         parse_mahimahi)
+from eloquent_plugins.cli.bench.sim_links import LINK_RTT_MS, LINK_WINDOW
+from eloquent_plugins.sim.links import WARMUP, load_real_link, stream_span
+from eloquent_plugins.sim.run import simulate_stream
+from eloquent_plugins.sim.scenario import Scenario
 from eloquent_plugins.sim.udp_relay import RelayConfig, start_relay
 
 MTU = 1500
@@ -187,7 +191,7 @@ def test_bench_e2e_trace_with_a_bulk_download(traces: str, tmp_path, monkeypatch
                  "--no-cross-baseline", "--no-progress", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
     assert "text identical: True, all completed: True" in out
-    assert "each scheme alone on its own relay" in out
+    assert "each scheme alone, each request on its own relay" in out
     row = next(line for line in out.splitlines() if line.startswith("link=Steady,cross=1"))
     assert float(row.split()[-3]) > 0  # the bulk download's Mbit/s
     doc = json.loads(out_json.read_text())
@@ -198,6 +202,28 @@ def test_bench_e2e_trace_with_a_bulk_download(traces: str, tmp_path, monkeypatch
         assert all(doc["terms_ms"][scheme][k] >= 0 for k in ("pre", "net", "post"))
     # Request 0's first token is generated near the simulator's stream 0 (WARMUP s into the trace).
     assert all(abs(shift) < 1.0 for shift in doc["first_token_shift"])
+
+
+def test_bench_e2e_trace_runs_each_request_on_its_own_path(traces: str, tmp_path, monkeypatch, capsys) -> None:
+    """Like the simulator's streams, each request gets a fresh relay whose trace starts where the simulator's
+    stream of that index starts; ``--one-path`` runs them one after another on one relay from the run's offset."""
+    monkeypatch.setenv("ELOQUENT_TRACES_DIR", traces)
+    span = stream_span(10, 0.03, 0.0)
+    docs = {}
+    for mode in ("fresh", "one"):
+        out_json = tmp_path / f"{mode}.json"
+        argv = ["bench", "e2e", "--trace", "Steady", "--scheme", "eloquent", "--requests", "2", "--tokens", "10",
+                "--tpot", "0.03", "--ttft", "0", "--seed", "2", "--no-progress", "--json", str(out_json)]
+        assert main(argv + (["--one-path"] if mode == "one" else [])) == 0
+        out = capsys.readouterr().out
+        assert "text identical: True, all completed: True" in out
+        assert ("each request on its own relay" in out) == (mode == "fresh")
+        docs[mode] = json.loads(out_json.read_text())
+        assert len(docs[mode]["first_token_shift"]) == 2
+        assert all(abs(shift) < 1.0 for shift in docs[mode]["first_token_shift"])
+    # seed 2 of 2 requests: the simulator's streams 2 and 3.
+    assert docs["fresh"]["path_offsets"] == pytest.approx([2 * span, 3 * span])
+    assert docs["one"]["path_offsets"] == pytest.approx([2 * span])
 
 
 def test_bench_e2e_trace_shared_queue_one_scheme(traces: str, monkeypatch, capsys) -> None:
@@ -228,3 +254,28 @@ def test_bench_sim_links_recarry_bounds_and_limit(traces: str, tmp_path, monkeyp
     capped = rows["1"]
     assert capped["eloquent"]["bytes"] < plain["eloquent"]["bytes"]
     assert capped["eloquent"]["bytes"] == pytest.approx(capped["eloquent-new-only"]["bytes"], rel=0.1)
+
+
+def test_the_stream_starts_when_its_request_got_up_the_link(tmp_path) -> None:
+    """As end to end, the simulated stream's first token waits for its request to cross the uplink: an uplink with
+    no opportunity from 1.0 to 2.6 s holds the request (sent 1.77 s in: the first token is due at ``WARMUP`` = 2 s,
+    less the engine's 0.2 s and the one-way 30 ms) until 2.6 s, so every token comes 0.83 s later than over an
+    uplink with opportunities all along; the downlink and the tokens' spacing are the same."""
+    steady = "\n".join(str(i) for i in range(0, 6000, 2))
+    gap = "\n".join(str(i) for i in [*range(0, 1000, 2), *range(2600, 6000, 2)])
+    for name, up in (("Up", steady), ("UpGap", gap)):
+        (tmp_path / f"{name}.down").write_text(steady + "\n")
+        (tmp_path / f"{name}.up").write_text(up + "\n")
+    runs = {}
+    for name in ("Up", "UpGap"):
+        scenario = Scenario(loss=0.0, rtt_ms=LINK_RTT_MS, tokens=30, streams=1, link=name, cross=0,
+                            queue_packets=100, window=LINK_WINDOW)
+        runs[name] = simulate_stream(scenario, 1, 0, None, ("eloquent", "retransmission"),
+                                     load_real_link(str(tmp_path / name)))
+    for scheme in ("eloquent", "retransmission"):
+        steady_run, held = runs["Up"][scheme], runs["UpGap"][scheme]
+        assert steady_run.generated[0] == pytest.approx(WARMUP, abs=0.003)
+        assert held.generated[0] == pytest.approx(WARMUP + 0.83, abs=0.003)
+        assert [b - a for a, b in zip(steady_run.generated, held.generated)] == pytest.approx(
+            [held.generated[0] - steady_run.generated[0]] * len(held.generated))
+        assert len(held.rendered) == 30 and all(r >= g for g, r in zip(held.generated, held.rendered))

@@ -142,12 +142,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", default=None, metavar="NAME",
                         help="a cellular trace pair of shared/traces/mahimahi (ELOQUENT_TRACES_DIR) instead of "
                         "random loss: the relay drains each direction at the trace's opportunities; each scheme "
-                        "alone on its own relay and queue, as in bench sim --links traces")
+                        "and each request alone on its own relay and queue, as in bench sim --links traces")
     parser.add_argument("--cross", action="store_true",
                         help="with --trace: a bulk HTTP/3 download through the same relay and queue")
+    parser.add_argument("--one-path", action="store_true",
+                        help="with --trace: a scheme's requests one after another through one relay, queue and QUIC "
+                        "connection (default: each request on a fresh one, like the simulator's streams)")
     parser.add_argument("--shared-queue", action="store_true",
                         help="with --trace: the schemes at once through one relay, one queue per direction and one "
-                        "bulk download shared by all (default: each scheme alone, like the simulator)")
+                        "bulk download shared by all, requests one after another (default: each scheme alone, "
+                        "like the simulator)")
     parser.add_argument("--scheme", action="append", choices=SCHEMES, default=None,
                         help="with --trace: run only this scheme (repeat for several; default: all three)")
     parser.add_argument("--queue-packets", type=numbers.positive, default=100,

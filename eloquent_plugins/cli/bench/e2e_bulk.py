@@ -132,11 +132,14 @@ class BulkSchedule:
             await flow.stop()
         self._open, self._ready = None, []
 
+    def each_throughput(self) -> list[float]:
+        """Per request, its download's bits per second over the request's tokens."""
+        return [f.throughput(*w) for f, w in self.flows]
+
     def throughput(self) -> float | None:
         """Mean over the requests of each download's bits per second over its request's tokens."""
-        if not self.flows:
-            return None
-        return sum(f.throughput(*w) for f, w in self.flows) / len(self.flows)
+        each = self.each_throughput()
+        return sum(each) / len(each) if each else None
 
 
 async def bulk_alone(run: Any, windows: list[tuple[float, float]], starts: list[float], origin: float) -> float:

@@ -1,12 +1,14 @@
 """``eloquent bench e2e --trace NAME [--cross]``: the three schemes end to end over a cellular trace pair, the relay's
 two directions drained at the trace's opportunities, optionally beside a real bulk download (``e2e_bulk``).
 
-Like for like with ``bench sim --links traces`` (issue 30): by default each scheme runs **alone** on a fresh relay,
-so it has the trace's queue to itself and its own bulk download, as each scheme has in the simulator; request i's
-first token is generated ``links.WARMUP + i * links.stream_span`` s into the run, the trace second stream i of the
-simulator's run starts at, and its download starts ``WARMUP`` s before. ``--shared-queue`` runs the schemes at
-once through one relay instead (one queue per direction shared by all of them and one download: how they would
-meet on one phone).
+Like for like with ``bench sim --links traces`` (issue 30): by default each scheme runs **alone**, and each of its
+requests on a **fresh** relay, queue and QUIC connection, as each stream of the simulator starts on empty queues
+and a fresh connection: request i's relay starts its trace at the second stream i of the simulator's run starts
+at (``links.stream_offset``), its first token is generated ``links.WARMUP`` s later and its bulk download starts
+``WARMUP`` s before that. ``--one-path`` runs a scheme's requests one after another through one relay and one
+connection instead (request i's first token at ``WARMUP + i * links.stream_span``: a later request meets what an
+earlier one left in the queue and in the congestion controller, as on one phone); ``--shared-queue`` also runs
+the schemes at once through that relay (one queue per direction and one download shared by all).
 
 Beside the table's stall above the link's floor (``core.stall`` against ``TraceQueue.floor``), each row gives the
 **network-only** stall (``link_terms``): the same ratio on the times the network alone produced, with this
@@ -48,6 +50,7 @@ from eloquent_plugins.cli.harness import (
 from eloquent_plugins.core.stall import stall_metrics
 from eloquent_plugins.sim.links import WARMUP, RealLink, load_real_link, stream_offset, stream_span
 from eloquent_plugins.sim.links_report import LinkFigures
+from eloquent_plugins.sim.udp_relay import DirectionStats
 
 
 CONGESTION_CONTROL = LINK_WINDOW
@@ -64,8 +67,10 @@ class GroupRun:
     times: dict[int, TokenTimes] = field(default_factory=dict)
     """id(stream) -> its token times."""
     own: dict[str, Any] = field(default_factory=dict)
-    cross_bps: float | None = None
-    cross_loss: float | None = None
+    cross_bps: list[float] = field(default_factory=list)
+    """Per request: the bulk download's bits per second over the request's tokens."""
+    cross_dropped: int = 0
+    cross_received: int = 0
     starts: list[float] = field(default_factory=list)
     windows: list[tuple[float, float]] = field(default_factory=list)
     origin: float = 0.0
@@ -74,7 +79,9 @@ class GroupRun:
 
 
 async def _run_group(conditions: Conditions, workload: Workload, schemes: tuple[str, ...], *, cross: bool,
-                     redundancy: str | None) -> tuple[GroupRun, list[str]]:
+                     redundancy: str | None, requests: range) -> tuple[GroupRun, list[str]]:
+    """``schemes`` at once through one fresh relay whose trace starts at ``conditions.link_offset``, for the
+    requests ``requests`` one after another (the first at ``WARMUP`` s, each next one ``span`` s later)."""
     span = stream_span(workload.max_tokens, workload.tpot, workload.ttft)
     lead = workload.ttft + conditions.one_way  # the request's trip up and the engine's first token
     out = GroupRun()
@@ -88,10 +95,10 @@ async def _run_group(conditions: Conditions, workload: Workload, schemes: tuple[
             for scheme, client in clients.items():  # one after another: relay client k is scheme k
                 logs[scheme] = log_arrivals(await client.connection())
             if schedule is not None:
-                await schedule.prepare(workload.requests)
+                await schedule.prepare(len(requests))
             offsets = stagger_offsets(len(schemes), workload.tpot, conditions.one_way)
-            for i in range(workload.requests):
-                base = origin + i * span
+            for i in requests:
+                base = origin + (i - requests.start) * span
                 if schedule is not None:
                     await schedule.begin(base)
                 await sleep_until(base + WARMUP - lead)
@@ -122,10 +129,10 @@ async def _run_group(conditions: Conditions, workload: Workload, schemes: tuple[
                         times = replace(times, held=held_times(run.generated, sends[1]))
                     out.times[id(run)] = times
         if schedule is not None:
-            out.cross_bps = schedule.throughput()
+            out.cross_bps = schedule.each_throughput()
             bulk = [h.relay.client_stats(k)["down"] for k in range(len(schemes), h.relay.stats.clients)]
-            received = sum(s.received for s in bulk)
-            out.cross_loss = sum(s.queue_dropped for s in bulk) / received if received else None
+            out.cross_received = sum(s.received for s in bulk)
+            out.cross_dropped = sum(s.queue_dropped for s in bulk)
         references = await reference_texts(h, workload)
     return out, references
 
@@ -138,27 +145,69 @@ class LinkE2E:
     """Per scheme, the mean per-token terms (``link_terms``: pre, net, post) in ms."""
     first_token_shift: list[float]
     elapsed: float
+    path_offsets: list[float] = field(default_factory=list)
+    """Where each relay of a scheme started its trace (seconds): one per request, or one for all."""
+
+
+def _merge(runs: list[GroupRun]) -> GroupRun:
+    """One scheme group's per-request runs (each on its own relay) as one: streams, times and counts together."""
+    if len(runs) == 1:
+        return runs[0]
+    out = GroupRun()
+    for run in runs:
+        out.streams += run.streams
+        out.times.update(run.times)
+        out.cross_bps += run.cross_bps
+        out.cross_dropped += run.cross_dropped
+        out.cross_received += run.cross_received
+        out.first_token_shift += run.first_token_shift
+        for scheme, own in run.own.items():
+            into = out.own.setdefault(scheme, {"up": DirectionStats(), "down": DirectionStats()})
+            for direction, stats in own.items():
+                total = into[direction]
+                for name in ("received", "forwarded", "dropped", "outage_dropped", "queue_dropped",
+                             "bytes_forwarded"):
+                    setattr(total, name, getattr(total, name) + getattr(stats, name))
+    return out
 
 
 async def run_link_e2e(conditions: Conditions, workload: Workload, *, cross: bool, redundancy: str | None = None,
                        baseline: bool = True, schemes: tuple[str, ...] = SCHEMES,
-                       shared_queue: bool = False) -> LinkE2E:
+                       shared_queue: bool = False, one_path: bool = False) -> LinkE2E:
+    """``one_path`` (implied by ``shared_queue``): a group's requests one after another on one relay; otherwise
+    each request on its own, its relay's trace starting where the simulator's stream of that index starts."""
     started = time.monotonic()
     result = E2EResult(conditions, workload)
+    span = stream_span(workload.max_tokens, workload.tpot, workload.ttft)
+    if shared_queue or one_path:
+        paths = [(conditions, range(workload.requests))]
+    else:
+        paths = [(replace(conditions, link_offset=conditions.link_offset + stream_offset(i, span)), range(i, i + 1))
+                 for i in range(workload.requests)]
     groups: list[tuple[tuple[str, ...], GroupRun]] = []
+    first: list[tuple[Conditions, GroupRun]] = []
     for group in ((schemes,) if shared_queue else tuple((s,) for s in schemes)):
-        run, result.references = await _run_group(conditions, workload, group, cross=cross, redundancy=redundancy)
+        parts = []
+        for path, requests in paths:
+            run, result.references = await _run_group(path, workload, group, cross=cross, redundancy=redundancy,
+                                                      requests=requests)
+            parts.append(run)
+            if not groups:
+                first.append((path, run))
+        run = _merge(parts)
         groups.append((group, run))
         result.streams.extend(run.streams)
     result.score()
     alone = None
     if cross and baseline:
-        first = groups[0][1]
+        each: list[float] = []
+        for path, run in first:  # the download alone over the same trace seconds as beside the first group
 
-        def fresh() -> AbstractAsyncContextManager[Any]:
-            return harness(conditions, workload, wrap=bulk_app, congestion_control=CONGESTION_CONTROL)
+            def fresh(path: Conditions = path) -> AbstractAsyncContextManager[Any]:
+                return harness(path, workload, wrap=bulk_app, congestion_control=CONGESTION_CONTROL)
 
-        alone = await bulk_alone(fresh, first.windows, first.starts, first.origin)
+            each += [await bulk_alone(fresh, run.windows, run.starts, run.origin)] * len(run.windows)
+        alone = sum(each) / len(each) if each else None
     times = {k: v for _, run in groups for k, v in run.times.items()}
     # The table's reference above the floor, measured as the harness measures its own: the smallest render minus
     # floor over every token of the row (one-way delay plus this machine's processing).
@@ -184,11 +233,13 @@ async def run_link_e2e(conditions: Conditions, workload: Workload, *, cross: boo
                 lateness_p95=late[int(0.95 * (len(late) - 1))] if late else 0.0,
                 bytes=own["up"].bytes_forwarded + own["down"].bytes_forwarded,
                 own_loss=(own["up"].queue_dropped + own["down"].queue_dropped) / packets if packets else 0.0,
-                cross_bps=run.cross_bps, cross_alone_bps=alone, cross_loss=run.cross_loss, streams=len(runs),
+                cross_bps=sum(run.cross_bps) / len(run.cross_bps) if run.cross_bps else None, cross_alone_bps=alone,
+                cross_loss=run.cross_dropped / run.cross_received if run.cross_received else None, streams=len(runs),
                 stall_net=sum(t.network_stall(one_way) for t in tt) / len(tt))
             terms[scheme] = mean_terms_ms(tt, one_way)
     shifts = [x for _, run in groups for x in run.first_token_shift]
-    return LinkE2E(result, figures, terms, shifts, time.monotonic() - started)
+    return LinkE2E(result, figures, terms, shifts, time.monotonic() - started,
+                   [path.link_offset for path, _ in paths])
 
 
 E2E_NAMES = {"eloquent": "eloquent", "stream": "retransmission", "duplicate": "duplication"}
@@ -211,7 +262,7 @@ def run_trace(args: Any, workload: Workload) -> int:
     schemes = tuple(s for s in SCHEMES if s in (args.scheme or SCHEMES))
     out = asyncio.run(run_link_e2e(conditions, workload, cross=args.cross, redundancy=args.redundancy,
                                    baseline=not args.no_cross_baseline, schemes=schemes,
-                                   shared_queue=args.shared_queue))
+                                   shared_queue=args.shared_queue, one_path=args.one_path))
     label = f"link={args.trace},cross={int(args.cross)}" + (f",redundancy={args.redundancy}"
                                                              if args.redundancy else "")
 
@@ -229,7 +280,8 @@ def run_trace(args: Any, workload: Workload) -> int:
     shifts = out.first_token_shift
     summary = out.result.summary()
     print(f"\n{workload.requests} requests x {workload.max_tokens} tokens per scheme, "
-          f"{'one relay for all' if args.shared_queue else 'each scheme alone on its own relay'}, "
+          f"{'one relay for all' if args.shared_queue else 'each scheme alone'}"
+          f"{'' if args.shared_queue or args.one_path else ', each request on its own relay'}, "
           f"{out.elapsed:.0f} s; first tokens {min(shifts, default=0) * 1000:+.0f} to "
           f"{max(shifts, default=0) * 1000:+.0f} ms from the simulator's place in the trace; text identical: "
           f"{summary['text_identical']}, all completed: {summary['all_completed']}")
@@ -241,5 +293,5 @@ def run_trace(args: Any, workload: Workload) -> int:
             json.dump({"meta": {"argv": sys.argv[1:]}, "label": label,
                        "schemes": {name(k): v.as_dict() for k, v in out.figures.items()},
                        "terms_ms": {name(k): v for k, v in out.terms_ms.items()},
-                       "first_token_shift": shifts}, fp, indent=2)
+                       "first_token_shift": shifts, "path_offsets": out.path_offsets}, fp, indent=2)
     return 0 if summary["text_identical"] and summary["all_completed"] else 1
