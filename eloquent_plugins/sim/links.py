@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from eloquent_plugins.sim.clock import EventLoop
+from eloquent_plugins.sim.clock import EventLoop, SimulationError
 from eloquent_plugins.sim.link import TCP_HEADER
 from eloquent_plugins.sim.netem import CapacityLink, CapacityTrace, Link, PathConfig
 from eloquent_plugins.sim.tcp import Ack, Segment, TcpConfig, TcpSender
@@ -24,6 +24,8 @@ REQUEST_TTFT = 0.2
 much plus the one-way delay before the stream's first token is due."""
 REQUEST_BYTES = 500
 """The request's one packet up the link: a short chat POST over HTTP/3 with QUIC's and UDP/IP's headers."""
+REQUEST_TRIES = 20
+"""Sends of the request before the simulation gives up on the link (a client would have failed it long before)."""
 DEFAULT_QUEUE_PACKETS = 100
 """A cellular base station's per-user buffer is deep: 100 packets (150 KB) is a common emulation choice."""
 
@@ -63,12 +65,14 @@ def request_delay(loop: EventLoop, reverse: Link, sent: float, retry: float) -> 
     request does, so the stream starts that much later in the trace. Dropped by a full queue, it goes again
     ``retry`` s later (QUIC's probe timeout). ``loop`` runs whatever else shares the link up to each send."""
     at = sent
-    while True:
+    for _ in range(REQUEST_TRIES):
         loop.run_until(at)
         arrival = reverse.through(at, REQUEST_BYTES)
         if arrival is not None:
             return max(0.0, arrival - sent - reverse.config.delay)
         at += retry
+    raise SimulationError(f"the stream's request was dropped by the uplink's full queue {REQUEST_TRIES} times "
+                          f"from {sent:.1f} s on")
 
 
 @dataclass(slots=True)

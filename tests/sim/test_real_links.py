@@ -11,10 +11,11 @@ import time
 import pytest
 
 from eloquent_plugins.cli.main import main
-from eloquent_plugins.sim.netem import (CapacityLink, CapacityTraceError, PathConfig, PathModel, TraceQueue,
+from eloquent_plugins.sim.netem import (CapacityLink, CapacityTraceError, Link, PathConfig, PathModel, TraceQueue,
                                         parse_mahimahi)
 from eloquent_plugins.cli.bench.sim_links import LINK_RTT_MS, LINK_WINDOW
-from eloquent_plugins.sim.links import WARMUP, load_real_link, stream_span
+from eloquent_plugins.sim.clock import EventLoop, SimulationError
+from eloquent_plugins.sim.links import WARMUP, load_real_link, request_delay, stream_span
 from eloquent_plugins.sim.run import simulate_stream
 from eloquent_plugins.sim.scenario import Scenario
 from eloquent_plugins.sim.udp_relay import RelayConfig, start_relay
@@ -279,3 +280,16 @@ def test_the_stream_starts_when_its_request_got_up_the_link(tmp_path) -> None:
         assert [b - a for a, b in zip(steady_run.generated, held.generated)] == pytest.approx(
             [held.generated[0] - steady_run.generated[0]] * len(held.generated))
         assert len(held.rendered) == 30 and all(r >= g for g, r in zip(held.generated, held.rendered))
+
+
+def test_a_request_the_uplink_always_drops_is_a_simulation_error(tmp_path) -> None:
+    """The request's retries are bounded: an uplink whose one-packet queue is full and whose next opportunity is
+    100 s away drops every send, and the run ends with a typed error naming the cause, not a loop without end."""
+    (tmp_path / "Stuck.down").write_text("2\n")
+    (tmp_path / "Stuck.up").write_text("100000\n")
+    _, up = load_real_link(str(tmp_path / "Stuck"), queue_packets=1).paths(PathConfig(delay=0.03), 0.0)
+    full = Link(up)
+    assert full.through(0.5, 1500) == pytest.approx(100.03)  # the queue's one place, taken until 100 s
+    with pytest.raises(SimulationError, match="dropped by the uplink's full queue 20 times from 1.8 s"):
+        request_delay(EventLoop(), full, 1.77, retry=0.18)
+    assert request_delay(EventLoop(), Link(up), 1.77, retry=0.18) == pytest.approx(100 - 1.77, abs=0.01)
