@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
-import tempfile
 import time
 
 import pytest
@@ -19,6 +16,7 @@ from starlette.routing import Route
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
 from tests.support.cutproxy import CutPlan, CutProxy
+from tests.support.chromium import open_page
 from tests.support.servers import UvicornThread
 
 EVENTS = 60
@@ -69,25 +67,11 @@ def site():
 
 def test_eventsource_reads_and_resumes_through_the_middleware(site):
     server, results = site
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert exe, "chromium is not installed (apt-get install -y chromium)"
     plan = CutPlan(cuts={"/events": 1}, cut_range=(400, 900), seed=3)
-    with CutProxy([server.port], plan) as proxy, tempfile.TemporaryDirectory() as profile:
-        browser = subprocess.Popen(
-            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--disable-dev-shm-usage", f"--user-data-dir={profile}", proxy.url + "/page"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 60
-            while not results and time.monotonic() < deadline and browser.poll() is None:
-                time.sleep(0.1)
-        finally:
-            browser.terminate()
-            try:
-                browser.wait(10)
-            except subprocess.TimeoutExpired:
-                browser.kill()
+    with CutProxy([server.port], plan) as proxy, open_page(proxy.url + "/page") as browser:
+        deadline = time.monotonic() + 60
+        while not results and time.monotonic() < deadline and browser.poll() is None:
+            time.sleep(0.1)
     assert results, "the page never reported its events"
     report = results[0]
     assert report["got"] == [f"line {i}" for i in range(EVENTS)], "events lost, repeated or changed"

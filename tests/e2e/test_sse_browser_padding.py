@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 
@@ -22,6 +19,7 @@ from starlette.routing import Route
 from eloquent_plugins.core.sse_reader import SSEParser
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.transports.sse.middleware import EloquentMiddleware
+from tests.support.chromium import open_page
 from tests.support.servers import UvicornThread
 
 EVENTS = 40
@@ -84,24 +82,10 @@ def test_eventsource_reads_padded_sse_unchanged(sites: dict[str, tuple[UvicornTh
     parser = SSEParser()
     sent = parser.feed(raw)
     assert parser.comments_seen >= EVENTS and b"\n:pp" in raw  # the stream is padded
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert exe, "chromium is not installed (apt-get install -y chromium)"
-    with tempfile.TemporaryDirectory() as profile:
-        browser = subprocess.Popen(
-            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--disable-dev-shm-usage", f"--user-data-dir={profile}", url + "/page"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 60
-            while not results and time.monotonic() < deadline and browser.poll() is None:
-                time.sleep(0.1)
-        finally:
-            browser.terminate()
-            try:
-                browser.wait(10)
-            except subprocess.TimeoutExpired:
-                browser.kill()
+    with open_page(url + "/page") as browser:
+        deadline = time.monotonic() + 60
+        while not results and time.monotonic() < deadline and browser.poll() is None:
+            time.sleep(0.1)
     assert results, "the page never reported its events"
     report = results[0]
     assert report["got"] == [chunk(i) for i in range(EVENTS)], "events lost, repeated or changed"
