@@ -6,12 +6,10 @@ call it through ``asyncio.to_thread`` so the loop keeps serving while the page r
 from __future__ import annotations
 
 import base64
-import contextlib
 import itertools
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -19,6 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from eloquent_plugins.cli.bench.procs import stop_browser
 from eloquent_plugins.core.errors import ConfigError
 
 CHROMIUM_PATHS = ("/usr/lib/chromium/chromium", "/usr/lib/chromium-browser/chromium-browser")
@@ -166,24 +165,4 @@ class Chromium:
                 page.close()
             except Exception:  # noqa: BLE001 - closing anyway
                 pass
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait(5)
-            # The browser's children can outlive it for a moment and still write to the profile: removing it
-            # then failed with "Directory not empty" (a CI run). Stop them first.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        if self._profile is not None:
-            for attempt in range(20):  # a killed child's last write may still land while we remove
-                try:
-                    self._profile.cleanup()
-                    break
-                except OSError:
-                    if attempt == 19:
-                        raise
-                    time.sleep(0.1)
+        stop_browser(self.proc, self._profile.cleanup if self._profile is not None else None)

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -23,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eloquent_plugins.cli.bench.procs import stop_browser
 from eloquent_plugins.core.errors import ConfigError
 
 FIREFOX_NAMES = ("firefox-esr", "firefox")
@@ -221,22 +221,4 @@ class Firefox:
                 self._connection.call("session.end", timeout=5)
             self._connection.close()
             self._connection = None
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait(5)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        if self._profile is not None:
-            for attempt in range(20):
-                try:
-                    self._profile.cleanup()
-                    break
-                except OSError:
-                    if attempt == 19:
-                        raise
-                    time.sleep(0.1)
+        stop_browser(self.proc, self._profile.cleanup if self._profile is not None else None)

@@ -1,4 +1,5 @@
-"""Servers the benchmarks start in their own processes: free ports, waiting for a port or for health, stopping."""
+"""Servers and browsers the benchmarks start in their own processes: free ports, waiting for a port or for health,
+stopping."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -64,3 +66,32 @@ def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, grace
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
+
+
+def stop_browser(proc: subprocess.Popen[bytes] | None, remove_profile: Callable[[], None] | None, *,
+                 tries: int = 20) -> None:
+    """A headless browser, then every process it started (its own process group), then its profile. The children
+    (renderers, crashpad) can outlive the browser for a moment and still write to the profile: removing it first
+    failed with "Directory not empty" (CI runs), so they are stopped first and the removal is tried again."""
+    if proc is not None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    if remove_profile is None:
+        return
+    for attempt in range(tries):  # a killed child's last write may still land while we remove
+        try:
+            remove_profile()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.1)
