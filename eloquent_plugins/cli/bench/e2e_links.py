@@ -22,7 +22,7 @@ import json
 import sys
 import time
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from eloquent_plugins.cli.bench.e2e_bulk import BulkSchedule, bulk_alone, bulk_app, sleep_until
@@ -79,9 +79,10 @@ class GroupRun:
 
 
 async def _run_group(conditions: Conditions, workload: Workload, schemes: tuple[str, ...], *, cross: bool,
-                     redundancy: str | None, requests: range) -> tuple[GroupRun, list[str]]:
+                     redundancy: str | None, requests: range, references: bool) -> tuple[GroupRun, list[str]]:
     """``schemes`` at once through one fresh relay whose trace starts at ``conditions.link_offset``, for the
-    requests ``requests`` one after another (the first at ``WARMUP`` s, each next one ``span`` s later)."""
+    requests ``requests`` one after another (the first at ``WARMUP`` s, each next one ``span`` s later); with
+    ``references``, also every request's text asked without streaming (the same on every relay: asked once)."""
     span = stream_span(workload.max_tokens, workload.tpot, workload.ttft)
     lead = workload.ttft + conditions.one_way  # the request's trip up and the engine's first token
     out = GroupRun()
@@ -133,8 +134,8 @@ async def _run_group(conditions: Conditions, workload: Workload, schemes: tuple[
             bulk = [h.relay.client_stats(k)["down"] for k in range(len(schemes), h.relay.stats.clients)]
             out.cross_received = sum(s.received for s in bulk)
             out.cross_dropped = sum(s.queue_dropped for s in bulk)
-        references = await reference_texts(h, workload)
-    return out, references
+        texts = await reference_texts(h, workload) if references else []
+    return out, texts
 
 
 @dataclass(slots=True)
@@ -165,9 +166,8 @@ def _merge(runs: list[GroupRun]) -> GroupRun:
             into = out.own.setdefault(scheme, {"up": DirectionStats(), "down": DirectionStats()})
             for direction, stats in own.items():
                 total = into[direction]
-                for name in ("received", "forwarded", "dropped", "outage_dropped", "queue_dropped",
-                             "bytes_forwarded"):
-                    setattr(total, name, getattr(total, name) + getattr(stats, name))
+                for f in fields(DirectionStats):
+                    setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
     return out
 
 
@@ -189,8 +189,9 @@ async def run_link_e2e(conditions: Conditions, workload: Workload, *, cross: boo
     for group in ((schemes,) if shared_queue else tuple((s,) for s in schemes)):
         parts = []
         for path, requests in paths:
-            run, result.references = await _run_group(path, workload, group, cross=cross, redundancy=redundancy,
-                                                      requests=requests)
+            run, texts = await _run_group(path, workload, group, cross=cross, redundancy=redundancy,
+                                          requests=requests, references=not result.references)
+            result.references = result.references or texts
             parts.append(run)
             if not groups:
                 first.append((path, run))
