@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from eloquent_plugins.sim.clock import EventLoop, SimulationError
 from eloquent_plugins.sim.link import TCP_HEADER
-from eloquent_plugins.sim.netem import CapacityLink, CapacityTrace, Link, PathConfig
+from eloquent_plugins.sim.netem import CapacityLink, CapacityTrace, Link, PathConfig, SlottedPath
 from eloquent_plugins.sim.tcp import Ack, Segment, TcpConfig, TcpSender
 from eloquent_plugins.sim.tcp_receiver import TcpReceiver
 
@@ -26,6 +26,9 @@ REQUEST_BYTES = 500
 """The request's one packet up the link: a short chat POST over HTTP/3 with QUIC's and UDP/IP's headers."""
 REQUEST_TRIES = 20
 """Sends of the request before the simulation gives up on the link (a client would have failed it long before)."""
+CROSS_FLOWS = ("tcp", "quic")
+"""The bulk download: ``tcp``, the simulator's CUBIC TCP (``BulkFlow``, the default); ``quic``, aioquic's as
+``bench e2e --trace --cross`` runs it (``quic_bulk.QuicBulkFlow``)."""
 DEFAULT_QUEUE_PACKETS = 100
 """A cellular base station's per-user buffer is deep: 100 packets (150 KB) is a common emulation choice."""
 
@@ -142,6 +145,15 @@ class BulkFlow:
         """Bits per second delivered in the window."""
         span = self.window[1] - self.window[0]
         return self.stats.delivered_bytes * 8 / span if span > 0 else 0.0
+
+
+def link_floor(forward: SlottedPath, generated: tuple[float, ...]) -> tuple[float, ...]:
+    """Per token, when its packet alone could have left the forward queue (``TraceQueue.floor``)."""
+    queue = forward.link.queue
+    if queue is None:
+        return generated
+    arrivals = [a for a, _ in queue.tail]
+    return tuple(queue.floor(g, arrivals) for g in generated)
 
 
 def load_real_link(name: str, queue_packets: int = DEFAULT_QUEUE_PACKETS, codel: bool = False) -> RealLink:

@@ -19,11 +19,12 @@ from eloquent_plugins.sim.netem import PathConfig, SlottedPath, Trace
 from eloquent_plugins.core.sender import SenderConfig
 from eloquent_plugins.sim.clock import EventLoop, SimulationError
 from eloquent_plugins.sim.eloquent import connect
+from eloquent_plugins.sim.quic_bulk import CrossFlow, bulk_flow
 from eloquent_plugins.sim.quic_window import held_times
 from eloquent_plugins.sim.scenario import Scenario
 from eloquent_plugins.sim.tcp import TcpConfig, TcpSender
 from eloquent_plugins.sim.tcp_receiver import TcpReceiver
-from eloquent_plugins.sim.links import (REQUEST_TTFT, WARMUP, BulkFlow, RealLink, request_delay, stream_offset,
+from eloquent_plugins.sim.links import (REQUEST_TTFT, WARMUP, RealLink, link_floor, request_delay, stream_offset,
                                         stream_span)
 from eloquent_plugins.sim.timeline import Timeline, TokenModel, generate_timeline
 from eloquent_plugins.sim.link import QUIC_DATAGRAM_HEADER, TCP_HEADER, SimWire
@@ -124,11 +125,13 @@ def _paths(path: PathConfig, timeline: Timeline, seeds: StreamSeeds,
 
 @dataclass(frozen=True, slots=True)
 class LinkRun:
-    """One stream on a real link: the trace pair from ``offset`` s in, and whether a bulk download shares it."""
+    """One stream on a real link: the trace pair from ``offset`` s in, whether a bulk download shares it, and which
+    (``flow``, ``links.CROSS_FLOWS``: the simulator's TCP, or aioquic's QUIC as end to end)."""
 
     link: RealLink
     offset: float
     cross: bool
+    flow: str = "tcp"
 
     def paths(self, base: PathConfig, timeline: Timeline, seeds: StreamSeeds) -> tuple[SlottedPath, SlottedPath]:
         forward, reverse = self.link.paths(base, self.offset)
@@ -143,23 +146,13 @@ class LinkRun:
         return request_delay(loop, reverse.link, sent, retry=3 * _initial_rtt(scenario))
 
     def bulk(self, loop: EventLoop, forward: SlottedPath, reverse: SlottedPath, timeline: Timeline,
-             rtt: float) -> BulkFlow | None:
-        if not self.cross:
-            return None
-        return BulkFlow(loop, forward.link, reverse.link, start=0.0, stop=timeline.times[-1] + 1.0,
-                        window=(timeline.times[0], timeline.times[-1]), rtt=rtt)
+             rtt: float) -> CrossFlow | None:
+        span = (timeline.times[0], timeline.times[-1])
+        return bulk_flow(self.flow, loop, forward.link, reverse.link, start=0.0, stop=span[1] + 1.0, window=span,
+                         rtt=rtt) if self.cross else None
 
 
-def link_floor(forward: SlottedPath, generated: tuple[float, ...]) -> tuple[float, ...]:
-    """Per token, when its packet alone could have left the forward queue (``TraceQueue.floor``)."""
-    queue = forward.link.queue
-    if queue is None:
-        return generated
-    arrivals = [a for a, _ in queue.tail]
-    return tuple(queue.floor(g, arrivals) for g in generated)
-
-
-def _link_details(forward: SlottedPath, reverse: SlottedPath, bulk: BulkFlow | None) -> dict[str, float]:
+def _link_details(forward: SlottedPath, reverse: SlottedPath, bulk: CrossFlow | None) -> dict[str, float]:
     out = {"own_packets": float(forward.stats.packets + reverse.stats.packets),
            "own_queue_drops": float(forward.stats.queue_drops + reverse.stats.queue_drops)}
     if bulk is not None:
@@ -170,7 +163,7 @@ def _link_details(forward: SlottedPath, reverse: SlottedPath, bulk: BulkFlow | N
 
 def _stream_run(scheme: str, timeline: Timeline, renders: _Renders, path: PathConfig, wires: tuple[SimWire, SimWire],
                 details: dict[str, float], link: LinkRun | None, paths: tuple[SlottedPath, SlottedPath],
-                bulk: BulkFlow | None) -> StreamRun:
+                bulk: CrossFlow | None) -> StreamRun:
     """One run's result: what its wires carried and, on a simulated link, the link's details and each token's floor."""
     ready: tuple[float, ...] = ()
     if link is not None:
@@ -363,7 +356,8 @@ def simulate_stream(scenario: Scenario, seed: int, stream: int, trace: Trace | N
     if real_link is not None:
         timeline = replace(timeline, times=tuple(t + WARMUP for t in timeline.times))
         span = stream_span(scenario.tokens, scenario.tpot_ms / 1000)
-        link = LinkRun(real_link, stream_offset((seed - 1) * scenario.streams + stream, span), bool(scenario.cross))
+        link = LinkRun(real_link, stream_offset((seed - 1) * scenario.streams + stream, span), bool(scenario.cross),
+                       scenario.cross_flow)
         wait = link.request_delay(scenario, timeline, seeds)
         timeline = replace(timeline, times=tuple(t + wait for t in timeline.times))
     out: dict[str, StreamRun] = {}

@@ -8,13 +8,14 @@ from dataclasses import asdict, dataclass, fields
 from eloquent_plugins.core.checks import require_finite
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.sim.netem import GilbertElliott, PathConfig, Trace, load_trace
+from eloquent_plugins.sim.links import CROSS_FLOWS
 from eloquent_plugins.sim.quic_window import WINDOWS
 
 _KEYS = {
     "loss": "loss", "burst": "burst", "rtt": "rtt_ms", "jitter": "jitter_ms", "tpot": "tpot_ms",
     "bw": "bandwidth_kbps", "tokens": "tokens", "streams": "streams", "trace": "trace", "k": "copies",
     "link": "link", "cross": "cross", "queue": "queue_packets", "codel": "codel", "recarry": "recarry",
-    "window": "window",
+    "window": "window", "flow": "cross_flow",
 }
 
 
@@ -39,6 +40,8 @@ class Scenario:
     """A cellular capacity trace pair by name (``netem.capacity.TRACE_NAMES``) or path without ``.down``/``.up``."""
     cross: int = 0
     """1: a bulk download shares the link's bottleneck (``sim.links.BulkFlow``); needs ``link``."""
+    cross_flow: str = "tcp"
+    """Which bulk download (``links.CROSS_FLOWS``): the simulator's TCP, or aioquic's QUIC as end to end."""
     queue_packets: int = 100
     """The link's drop-tail queue in packets, each direction."""
     codel: int = 0
@@ -62,6 +65,8 @@ class Scenario:
             raise ConfigError("recarry (bytes) must be >= 0")
         if self.cross not in (0, 1) or self.codel not in (0, 1):
             raise ConfigError("cross and codel are 0 or 1")
+        if self.cross_flow not in CROSS_FLOWS:
+            raise ConfigError(f"flow must be one of {', '.join(CROSS_FLOWS)}, got {self.cross_flow!r}")
         if self.window not in WINDOWS:
             raise ConfigError(f"window must be one of {', '.join(WINDOWS)}, got {self.window!r}")
         if self.cross and not self.link:
@@ -82,6 +87,7 @@ class Scenario:
             parts.append(f"window={self.window}")
         if self.link:
             parts = [f"link={self.link}", f"cross={self.cross}"]
+            parts += [f"flow={self.cross_flow}"] if self.cross and self.cross_flow != "tcp" else []
             parts += [f"queue={self.queue_packets}"] if self.queue_packets != 100 else []
             parts += ["codel=1"] if self.codel else []
             parts += [f"recarry={self.recarry}"] if self.recarry else []
@@ -102,7 +108,8 @@ class Scenario:
 
 def parse_scenario(spec: str, base: Scenario | None = None) -> Scenario:
     """``key=value`` pairs separated by commas; keys: loss, burst, rtt (ms), jitter (ms), tpot (ms), bw (kbit/s),
-    tokens, streams, trace (file), k (duplication copies), window (none, reno, cubic). Unnamed keys keep ``base``'s values."""
+    tokens, streams, trace (file), k (duplication copies), window (none, reno, cubic), link, cross, flow (tcp,
+    quic). Unnamed keys keep ``base``'s values."""
     values: dict[str, object] = {}
     types = {f.name: f.type for f in fields(Scenario)}
     for item in spec.split(","):
@@ -116,7 +123,7 @@ def parse_scenario(spec: str, base: Scenario | None = None) -> Scenario:
         if key not in _KEYS:
             raise ConfigError(f"unknown scenario key {key!r} in {spec!r} (known: {', '.join(_KEYS)})")
         name = _KEYS[key]
-        if name in ("trace", "link", "window"):
+        if name in ("trace", "link", "window", "cross_flow"):
             values[name] = raw
             continue
         try:

@@ -250,6 +250,9 @@ class Relay(asyncio.DatagramProtocol):
             name: TraceQueue(path.capacity, record_tail=TAIL_RECORD) for name, path in (("up", config.upstream), ("down", config.downstream))
             if path.capacity is not None}
         """The trace-driven bottleneck of each direction ("up": to the server), shared by every client."""
+        self.trace_from = 0.0
+        """Relay seconds before which packets skip ``queues``: a bench's handshakes stay off the stretch of trace
+        under test (``math.inf`` while they run), as the simulator's connections exist already."""
 
     def client_stats(self, index: int) -> dict[str, DirectionStats]:
         """One client's own counts per direction (received, queue_dropped), by order of first contact."""
@@ -339,7 +342,7 @@ class Relay(asyncio.DatagramProtocol):
             record = PacketRecord(now, size, None)
             self.records.setdefault(key, []).append(record)
         departure: float | None = now if queue is None else queue.depart(now, size)
-        if departure is not None and trace_queue is not None:
+        if departure is not None and trace_queue is not None and now >= self.trace_from:
             departure = trace_queue.offer(departure, size)
         if departure is None:
             stats.queue_dropped += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import statistics
 import time
 
@@ -139,6 +140,35 @@ async def test_the_relay_and_the_simulator_agree_on_a_trace() -> None:
         errors = [abs(server.got[i] - relay.origin - e) for i, e in enumerate(expected) if e is not None]
         assert len(errors) == sum(1 for e in expected if e is not None)
         assert statistics.median(errors) < 0.05
+    finally:
+        client_t.close()
+        await relay.close()
+        server_t.close()
+
+
+async def test_the_relay_keeps_what_comes_before_trace_from_off_the_trace() -> None:
+    """A bench's handshakes stay off the stretch of trace under test: with ``trace_from`` at infinity a packet
+    passes an uplink with no opportunity for 3 s after only the path's delay; once ``trace_from`` is set, the next
+    one waits for the trace's first opportunity as before."""
+    loop = asyncio.get_running_loop()
+    gap = CapacityLink(parse_mahimahi("3000\n3002", "t"), queue_packets=10)
+    server_t, server = await loop.create_datagram_endpoint(_Sink, local_addr=("127.0.0.1", 0))
+    relay = await start_relay(RelayConfig(target=server_t.get_extra_info("sockname"),
+                                          upstream=PathConfig(delay=0.01, capacity=gap), record=True))
+    client_t, _ = await loop.create_datagram_endpoint(asyncio.DatagramProtocol, remote_addr=relay.listen_addr)
+    try:
+        relay.trace_from = math.inf
+        client_t.sendto(b"%08d" % 0)
+        deadline = loop.time() + 10
+        while 0 not in server.got and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        assert server.got[0] - relay.origin < 1.0  # 10 ms on an idle machine: nowhere near the trace's 3 s
+        relay.trace_from = relay.elapsed()
+        client_t.sendto(b"%08d" % 1)
+        while 1 not in server.got and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        assert server.got[1] - relay.origin >= 3.0
+        assert [r.dropped for r in relay.record_of(0, "up")] == [False, False]
     finally:
         client_t.close()
         await relay.close()

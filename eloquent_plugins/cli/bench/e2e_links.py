@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 import time
 from contextlib import AbstractAsyncContextManager
@@ -92,11 +93,13 @@ async def _run_group(conditions: Conditions, workload: Workload, schemes: tuple[
         logs: dict[str, ClientArrivals] = {}
         schedule = BulkSchedule(h.relay.listen_addr) if cross else None
         origin = out.origin = h.relay.origin
+        h.relay.trace_from = math.inf  # the handshakes off the trace: the simulator's connections exist already
         try:
             for scheme, client in clients.items():  # one after another: relay client k is scheme k
                 logs[scheme] = log_arrivals(await client.connection())
             if schedule is not None:
                 await schedule.prepare(len(requests))
+            h.relay.trace_from = h.relay.elapsed()
             offsets = stagger_offsets(len(schemes), workload.tpot, conditions.one_way)
             for i in requests:
                 base = origin + (i - requests.start) * span
@@ -124,11 +127,10 @@ async def _run_group(conditions: Conditions, workload: Workload, schemes: tuple[
             down = h.relay.record_of(k, "down")
             for run in out.streams:
                 if run.scheme == scheme and run.error is None:
-                    times = token_times(queue, run.generated, run.rendered, down, origin, logs[scheme])
                     sends = h.server.datagram_sends(run.request_id) if run.request_id else None
-                    if sends is not None:
-                        times = replace(times, held=held_times(run.generated, sends[1]))
-                    out.times[id(run)] = times
+                    held = held_times(run.generated, sends[1]) if sends is not None else ()
+                    out.times[id(run)] = token_times(queue, run.generated, run.rendered, down, origin, logs[scheme],
+                                                     held)
         if schedule is not None:
             out.cross_bps = schedule.each_throughput()
             bulk = [h.relay.client_stats(k)["down"] for k in range(len(schemes), h.relay.stats.clients)]

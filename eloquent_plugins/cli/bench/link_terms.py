@@ -10,7 +10,10 @@ From the relay's record of one client's server -> client packets, per token (tim
 
 - ``ready_g``: the link's floor at generation (``TraceQueue.floor``), the table's reference;
 - ``ready_a``: the floor at ``a``, when the relay read the first packet from the server at or after generation
-  (whatever it carried: a scheme that holds data back is not excused);
+  (whatever it carried: a scheme that holds data back is not excused), but never later than generation plus
+  this machine's processing ``p`` (the stream's lower quartile of ``a - g`` over the tokens QUIC's window did not
+  hold): when the window is full and nothing at all leaves the server, the first packet after generation comes
+  late for a reason the simulator has too (its ``held``), which is the scheme's time, not processing;
 - ``due``: when the path model released the packet that delivered the token: the client logs when it starts
   on each UDP datagram (``ClientArrivals``); a token renders while the client works on one datagram, so the
   last datagram it started on before the render is the one, and the client's n-th datagram is the n-th packet
@@ -86,22 +89,38 @@ def log_arrivals(connection: Any) -> ClientArrivals:
     return log
 
 
+def processing(generated: Sequence[float], reads: Sequence[float], held: Sequence[float] = ()) -> float:
+    """This machine's processing before the bottleneck for one stream: the lower quartile of ``read - generated``
+    over its tokens, leaving out those QUIC's window held over a millisecond (``held``, datagram schemes)."""
+    delays = sorted(a - g for k, (g, a) in enumerate(zip(generated, reads)) if k >= len(held) or held[k] <= 0.001)
+    if not delays:
+        delays = sorted(a - g for g, a in zip(generated, reads))
+    return delays[len(delays) // 4] if delays else 0.0
+
+
 def token_times(queue: TraceQueue, generated: Sequence[float], rendered: Sequence[float],
-                down: Sequence[PacketRecord], origin: float, client: ClientArrivals | None = None) -> TokenTimes:
+                down: Sequence[PacketRecord], origin: float, client: ClientArrivals | None = None,
+                held: Sequence[float] = ()) -> TokenTimes:
     """``generated``/``rendered``: the stream's times on the loop clock; ``down``: the relay's record of its
     client's server -> client packets (relay seconds); ``origin``: the relay's start on the loop clock;
-    ``client``: the client connection's datagram arrivals (exact delivering packets)."""
+    ``client``: the client connection's datagram arrivals (exact delivering packets); ``held``: per token, how
+    long QUIC's window held it in the front end (``held_times``; datagram schemes)."""
     keys = [a for a, _ in queue.tail]
     arrivals = [p.received for p in down]
     released = sorted((p.sent, p.due) for p in down if p.sent is not None and p.due is not None)
     out_times = [s for s, _ in released]
     client_times = [t - origin for t in client.times] if client is not None else []
-    ready_g, ready_a, due, rend = [], [], [], []
-    for g_abs, r_abs in zip(generated, rendered):
-        g, r = g_abs - origin, r_abs - origin
-        fg = queue.floor(g, keys)
+    gens = [g_abs - origin for g_abs in generated]
+    reads = []
+    for g in gens:
         i = bisect.bisect_left(arrivals, g)
-        a = arrivals[i] if i < len(arrivals) else g
+        reads.append(arrivals[i] if i < len(arrivals) else g)
+    p = processing(gens, reads, held)
+    ready_g, ready_a, due, rend = [], [], [], []
+    for g, read, r_abs in zip(gens, reads, rendered):
+        r = r_abs - origin
+        fg = queue.floor(g, keys)
+        a = min(read, g + p)
         if client is not None:
             j = min(client.first + bisect.bisect_right(client_times, r) - 1, len(released) - 1)
         else:
@@ -110,7 +129,7 @@ def token_times(queue: TraceQueue, generated: Sequence[float], rendered: Sequenc
         ready_a.append(max(fg, queue.floor(a, keys)))
         due.append(released[j][1] if j >= 0 else r)
         rend.append(r)
-    return TokenTimes(tuple(ready_g), tuple(ready_a), tuple(due), tuple(rend))
+    return TokenTimes(tuple(ready_g), tuple(ready_a), tuple(due), tuple(rend), tuple(held))
 
 
 def held_times(generated: Sequence[float], sends: Sequence[tuple[float, bytes, int]]) -> tuple[float, ...]:

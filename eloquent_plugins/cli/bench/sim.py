@@ -19,6 +19,7 @@ from eloquent_plugins.cli import numbers
 from eloquent_plugins.cli.flags import add_plot, add_progress
 from eloquent_plugins.cli.optional import needs_extra
 from eloquent_plugins.core.stall import DEFAULT_READING_PACE
+from eloquent_plugins.sim.links import CROSS_FLOWS
 from eloquent_plugins.sim.quic_window import WINDOWS
 from eloquent_plugins.sim.matrix import Plan, custom_plan, quick_plan, standard_plan, with_tokens
 from eloquent_plugins.sim.report import ScenarioResult, format_table, plot, summarize_scenario, write_json
@@ -61,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --links: only these traces (repeatable; default: all five)")
     parser.add_argument("--cross", type=numbers.count, choices=(0, 1), default=None,
                         help="with --links: only without (0) or with (1) the bulk download (default: both)")
+    parser.add_argument("--cross-flow", choices=CROSS_FLOWS, default="tcp",
+                        help="with --links: the bulk download is the simulator's CUBIC TCP (tcp, the default) or "
+                        "aioquic's QUIC with CUBIC and its pacer (quic: the flow bench e2e --trace --cross runs)")
     parser.add_argument("--queue-packets", type=numbers.positive, default=100,
                         help="with --links: the drop-tail queue in packets, each direction (default: %(default)s)")
     parser.add_argument("--codel", action="store_true", help="with --links: CoDel on the queues")
