@@ -105,6 +105,7 @@ class ServerWindow:
         self._ack_pending = False
         self._next_number = 0
         self._timer_at: float | None = None
+        self._pacing_at: float | None = None
         self.probes = 0
         """Eloquent probes the front end sent over a full window."""
         self.ptos = 0
@@ -152,15 +153,33 @@ class ServerWindow:
             flight = QUIC_MAX_DATAGRAM_SIZE
         while self.pending:
             size = datagram_packet_size(self.pending[0]) + self._extras()
-            if size > flight:
+            if size > flight or self._paced(now):
                 break
             flight -= size
             self._emit(self.pending.pop(0), size, True)
-        if self._probe_pending:
-            self._emit(None, SHORT_HEADER + self._extras(), True)
-        elif self._ack_pending:
-            self._emit(None, SHORT_HEADER + self._extras(), False)
+        if (self._probe_pending or self._ack_pending) and not self._paced(now):
+            self._emit(None, SHORT_HEADER + self._extras(), self._probe_pending)
         self._arm()
+
+    def _paced(self, now: float) -> bool:
+        """aioquic's pacer holds the next packet (``_write_application``: not while an ACK is due); its timer then
+        transmits again, as the front end's ``after_timer`` does."""
+        if self._ack_pending:
+            return False
+        at = self.recovery._pacer.next_send_time(now=now)
+        if at is None:
+            return False
+        if self._pacing_at is None or self._pacing_at <= now or at < self._pacing_at:
+            self._pacing_at = at
+            self.loop.at(at, self._on_pacing, at)
+        return True
+
+    def _on_pacing(self, when: float) -> None:
+        if when != self._pacing_at:
+            return
+        self._pacing_at = None
+        self.transmit(self.loop.now)
+        self.pump()
 
     def _extras(self) -> int:
         return (ACK_FRAME if self._ack_pending else 0) + (PING_FRAME if self._probe_pending else 0)
@@ -173,6 +192,7 @@ class ServerWindow:
                                 packet_number=number, packet_type=QuicPacketType.ONE_RTT,
                                 sent_time=self.loop.now, sent_bytes=size)
         self.recovery.on_packet_sent(packet=packet, space=self.space)
+        self.recovery._pacer.update_after_send(now=self.loop.now)
         self._send(ServerPacket(number, datagram, in_flight), IP_UDP + size)
 
     # ---- input and aioquic's timer ----------------------------------------------------------------------

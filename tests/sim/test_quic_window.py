@@ -127,3 +127,21 @@ def test_the_window_is_a_scenario_setting_and_an_unknown_one_is_refused() -> Non
     with pytest.raises(ConfigError):
         Scenario(window="bbr")
     assert IP_UDP == 28
+
+
+def test_aioquic_s_pacer_spaces_the_datagrams_it_was_handed() -> None:
+    """End to end aioquic paces what the front end hands it (rate: window over smoothed RTT), which after an outage
+    has inflated the RTT holds datagrams in its queue; the simulator's window does the same with aioquic's pacer,
+    while an ACK due still goes at once."""
+    from eloquent_plugins.sim.quic_window import ServerPacket, ServerWindow
+
+    loop = EventLoop()
+    sent: list[tuple[float, ServerPacket]] = []
+    window = ServerWindow(loop, "cubic", 0.06, lambda packet, size: sent.append((loop.now, packet)))
+    window.recovery._pacer.update_rate(congestion_window=13500, smoothed_rtt=1.0)  # one 1350-byte packet / 0.1 s
+    window.plan(0.0, lambda now: [bytes(100) for _ in range(4)], probe_due=False)
+    loop.run_until(1.0)  # no acks come back: aioquic's probe timer would go on firing
+    times = [t for t, p in sent if p.datagram is not None]
+    assert len(times) == 4
+    assert times[0] >= 0.099 and times[-1] >= 0.29  # at once without the pacer
+    assert len(set(times)) >= 3  # spread over the packet time (float rounding may let two go together)

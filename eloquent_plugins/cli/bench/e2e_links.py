@@ -150,6 +150,8 @@ class LinkE2E:
     elapsed: float
     path_offsets: list[float] = field(default_factory=list)
     """Where each relay of a scheme started its trace (seconds): one per request, or one for all."""
+    per_stream: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    """Per scheme, per stream in request order: its stall, network-only stall and mean terms (ms)."""
 
 
 def _merge(runs: list[GroupRun]) -> GroupRun:
@@ -219,6 +221,7 @@ async def run_link_e2e(conditions: Conditions, workload: Workload, *, cross: boo
     one_way = conditions.one_way
     figures: dict[str, LinkFigures] = {}
     terms: dict[str, dict[str, float]] = {}
+    per_stream: dict[str, list[dict[str, float]]] = {}
     for group, run in groups:
         for scheme in group:
             runs = [r for r in run.streams if r.scheme == scheme and id(r) in run.times and r.report is not None]
@@ -240,9 +243,12 @@ async def run_link_e2e(conditions: Conditions, workload: Workload, *, cross: boo
                 cross_loss=run.cross_dropped / run.cross_received if run.cross_received else None, streams=len(runs),
                 stall_net=sum(t.network_stall(one_way) for t in tt) / len(tt))
             terms[scheme] = mean_terms_ms(tt, one_way)
+            per_stream[scheme] = [{"request": r.request, "stall_net": t.network_stall(one_way),
+                                   "stall": stall_metrics(t.ready_g, t.rendered, d).stall_ratio,
+                                   **mean_terms_ms([t], one_way)} for r, t in zip(runs, tt)]
     shifts = [x for _, run in groups for x in run.first_token_shift]
     return LinkE2E(result, figures, terms, shifts, time.monotonic() - started,
-                   [path.link_offset for path, _ in paths])
+                   [path.link_offset for path, _ in paths], per_stream)
 
 
 E2E_NAMES = {"eloquent": "eloquent", "stream": "retransmission", "duplicate": "duplication"}
@@ -296,5 +302,6 @@ def run_trace(args: Any, workload: Workload) -> int:
             json.dump({"meta": {"argv": sys.argv[1:]}, "label": label,
                        "schemes": {name(k): v.as_dict() for k, v in out.figures.items()},
                        "terms_ms": {name(k): v for k, v in out.terms_ms.items()},
-                       "first_token_shift": shifts, "path_offsets": out.path_offsets}, fp, indent=2)
+                       "first_token_shift": shifts, "path_offsets": out.path_offsets,
+                       "per_stream": {name(k): v for k, v in out.per_stream.items()}}, fp, indent=2)
     return 0 if summary["text_identical"] and summary["all_completed"] else 1

@@ -10,10 +10,11 @@ From the relay's record of one client's server -> client packets, per token (tim
 
 - ``ready_g``: the link's floor at generation (``TraceQueue.floor``), the table's reference;
 - ``ready_a``: the floor at ``a``, when the relay read the first packet from the server at or after generation
-  (whatever it carried: a scheme that holds data back is not excused), but never later than generation plus
-  this machine's processing ``p`` (the stream's lower quartile of ``a - g`` over the tokens QUIC's window did not
-  hold): when the window is full and nothing at all leaves the server, the first packet after generation comes
-  late for a reason the simulator has too (its ``held``), which is the scheme's time, not processing;
+  (whatever it carried: a scheme that holds data back is not excused); for a token QUIC's window held (``held``
+  over 1 ms, datagram schemes) never later than generation plus this machine's processing ``p`` (the longest
+  ``a - g`` of the stream's tokens the window did not hold): when the window is full and nothing at all leaves
+  the server, the first packet after generation comes late for a reason the simulator has too (its ``held``),
+  the scheme's time, not processing;
 - ``due``: when the path model released the packet that delivered the token: the client logs when it starts
   on each UDP datagram (``ClientArrivals``); a token renders while the client works on one datagram, so the
   last datagram it started on before the render is the one, and the client's n-th datagram is the n-th packet
@@ -89,13 +90,14 @@ def log_arrivals(connection: Any) -> ClientArrivals:
     return log
 
 
-def processing(generated: Sequence[float], reads: Sequence[float], held: Sequence[float] = ()) -> float:
-    """This machine's processing before the bottleneck for one stream: the lower quartile of ``read - generated``
-    over its tokens, leaving out those QUIC's window held over a millisecond (``held``, datagram schemes)."""
-    delays = sorted(a - g for k, (g, a) in enumerate(zip(generated, reads)) if k >= len(held) or held[k] <= 0.001)
-    if not delays:
-        delays = sorted(a - g for g, a in zip(generated, reads))
-    return delays[len(delays) // 4] if delays else 0.0
+HELD = 0.001
+"""A token QUIC's window held longer than this (``held``) waited for the window, not for this machine."""
+
+
+def processing(generated: Sequence[float], reads: Sequence[float], held: Sequence[float]) -> float:
+    """This machine's processing before the bottleneck in one stream: the longest ``read - generated`` of the
+    tokens QUIC's window did not hold (``held`` at most ``HELD``); 0 if it held them all."""
+    return max((a - g for g, a, h in zip(generated, reads, held) if h <= HELD), default=0.0)
 
 
 def token_times(queue: TraceQueue, generated: Sequence[float], rendered: Sequence[float],
@@ -117,10 +119,10 @@ def token_times(queue: TraceQueue, generated: Sequence[float], rendered: Sequenc
         reads.append(arrivals[i] if i < len(arrivals) else g)
     p = processing(gens, reads, held)
     ready_g, ready_a, due, rend = [], [], [], []
-    for g, read, r_abs in zip(gens, reads, rendered):
+    for k, (g, read, r_abs) in enumerate(zip(gens, reads, rendered)):
         r = r_abs - origin
         fg = queue.floor(g, keys)
-        a = min(read, g + p)
+        a = min(read, g + p) if k < len(held) and held[k] > HELD else read
         if client is not None:
             j = min(client.first + bisect.bisect_right(client_times, r) - 1, len(released) - 1)
         else:
