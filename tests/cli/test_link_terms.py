@@ -56,9 +56,9 @@ def test_a_token_held_back_is_network_time() -> None:
 
 def test_a_token_the_window_held_while_nothing_left_is_network_time() -> None:
     """QUIC's window full and nothing leaving the server: the first packet after the token's generation is its
-    own, 50 ms later. That wait is the scheme's (the simulator counts it too), not this machine's processing,
-    which the tokens the window did not hold show to be at most 1 ms: ``ready_a`` stops there. A token the
-    window did not hold keeps its own arrival, processing that misses a burst included (the next test)."""
+    own, 50 ms later. That wait is the scheme's (the simulator counts it too), not this machine's processing
+    (1 ms here): ``ready_a`` stops at generation plus 5 ms, the most processing is taken to cost unless the
+    stream's median is longer (a loaded machine). Processing that misses a burst stays ``pre`` (the test above)."""
     generated = [0.0012, 0.0312, 0.0612, 0.0912]
     reads = [0.0022, 0.0322, 0.0622, 0.1412]
     queue, records, rendered = _feed(reads, render_after=0.0005)
@@ -69,9 +69,10 @@ def test_a_token_the_window_held_while_nothing_left_is_network_time() -> None:
     assert times.terms(ONE_WAY)["pre"] == pytest.approx([0.0] * 4, abs=1e-9)
     assert times.terms(ONE_WAY)["net"][3] == pytest.approx(0.050)  # left at the 150 ms burst, floor 100 ms
     assert times.held == held
-    unlogged = token_times(queue, gens, rendered, records, ORIGIN)  # no held log: the arrival, as before
-    assert unlogged.ready_a == pytest.approx((0.010, 0.040, 0.070, 0.150))
-    assert processing([0.0, 0.1, 0.2], [0.2, 0.1011, 0.2004], held=(0.19, 0.0, 0.0)) == pytest.approx(0.0011)
+    unlogged = token_times(queue, gens, rendered, records, ORIGIN)  # no held log (the reliable stream): the same
+    assert unlogged.ready_a == times.ready_a
+    assert processing([0.0, 0.1, 0.2], [0.2, 0.1011, 0.2004], held=(0.19, 0.0, 0.0)) == pytest.approx(0.005)
+    assert processing([0.0, 0.1, 0.2], [0.008, 0.109, 0.5]) == pytest.approx(0.009)  # a loaded machine's median
 
 
 def test_the_client_log_names_the_delivering_packet() -> None:

@@ -10,10 +10,10 @@ From the relay's record of one client's server -> client packets, per token (tim
 
 - ``ready_g``: the link's floor at generation (``TraceQueue.floor``), the table's reference;
 - ``ready_a``: the floor at ``a``, when the relay read the first packet from the server at or after generation
-  (whatever it carried: a scheme that holds data back is not excused); for a token QUIC's window held (``held``
-  over 1 ms, datagram schemes) never later than generation plus this machine's processing ``p`` (the longest
-  ``a - g`` of the stream's tokens the window did not hold): when the window is full and nothing at all leaves
-  the server, the first packet after generation comes late for a reason the simulator has too (its ``held``),
+  (whatever it carried: a scheme that holds data back is not excused), but never later than generation plus
+  ``p``, this machine's processing (``processing``: 5 ms, or the stream's median wait for the tokens QUIC's
+  window did not hold if that is longer): when the window is full or aioquic's pacer holds its queue, nothing at
+  all leaves the server and the first packet after generation comes late for a reason the simulator has too,
   the scheme's time, not processing;
 - ``due``: when the path model released the packet that delivered the token: the client logs when it starts
   on each UDP datagram (``ClientArrivals``); a token renders while the client works on one datagram, so the
@@ -92,12 +92,17 @@ def log_arrivals(connection: Any) -> ClientArrivals:
 
 HELD = 0.001
 """A token QUIC's window held longer than this (``held``) waited for the window, not for this machine."""
+PROCESSING_CEILING = 0.005
+"""This machine's processing from a token's generation to the relay's read is about a millisecond; a longer wait
+for the first packet from the server is the scheme's (a full window, the pacer), unless the stream's typical
+processing is longer still (a loaded machine)."""
 
 
-def processing(generated: Sequence[float], reads: Sequence[float], held: Sequence[float]) -> float:
-    """This machine's processing before the bottleneck in one stream: the longest ``read - generated`` of the
-    tokens QUIC's window did not hold (``held`` at most ``HELD``); 0 if it held them all."""
-    return max((a - g for g, a, h in zip(generated, reads, held) if h <= HELD), default=0.0)
+def processing(generated: Sequence[float], reads: Sequence[float], held: Sequence[float] = ()) -> float:
+    """How long this machine's processing before the bottleneck may take in one stream: ``PROCESSING_CEILING``,
+    or the median ``read - generated`` of the tokens QUIC's window did not hold (``held``) if that is longer."""
+    delays = sorted(a - g for k, (g, a) in enumerate(zip(generated, reads)) if k >= len(held) or held[k] <= HELD)
+    return max(PROCESSING_CEILING, delays[len(delays) // 2] if delays else 0.0)
 
 
 def token_times(queue: TraceQueue, generated: Sequence[float], rendered: Sequence[float],
@@ -119,10 +124,10 @@ def token_times(queue: TraceQueue, generated: Sequence[float], rendered: Sequenc
         reads.append(arrivals[i] if i < len(arrivals) else g)
     p = processing(gens, reads, held)
     ready_g, ready_a, due, rend = [], [], [], []
-    for k, (g, read, r_abs) in enumerate(zip(gens, reads, rendered)):
+    for g, read, r_abs in zip(gens, reads, rendered):
         r = r_abs - origin
         fg = queue.floor(g, keys)
-        a = min(read, g + p) if k < len(held) and held[k] > HELD else read
+        a = min(read, g + p)
         if client is not None:
             j = min(client.first + bisect.bisect_right(client_times, r) - 1, len(released) - 1)
         else:
