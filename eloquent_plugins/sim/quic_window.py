@@ -24,6 +24,7 @@ from aioquic.quic.packet import QuicPacketType
 from aioquic.quic.packet_builder import QuicSentPacket
 from aioquic.quic.rangeset import RangeSet
 from aioquic.quic.recovery import MAX_ACK_RANGES, QuicPacketRecovery, QuicPacketSpace
+from aioquic.tls import Epoch
 
 from eloquent_plugins.core.errors import ConfigError, EloquentError
 from eloquent_plugins.core.limits import Limits
@@ -188,7 +189,7 @@ class ServerWindow:
         number = self._next_number
         self._next_number += 1
         self._ack_pending = self._probe_pending = False
-        packet = QuicSentPacket(epoch=3, in_flight=in_flight, is_ack_eliciting=in_flight, is_crypto_packet=False,
+        packet = QuicSentPacket(epoch=Epoch.ONE_RTT, in_flight=in_flight, is_ack_eliciting=in_flight, is_crypto_packet=False,
                                 packet_number=number, packet_type=QuicPacketType.ONE_RTT,
                                 sent_time=self.loop.now, sent_bytes=size)
         self.recovery.on_packet_sent(packet=packet, space=self.space)

@@ -233,8 +233,8 @@ async def run_link_e2e(conditions: Conditions, workload: Workload, *, cross: boo
             late = sorted(max(0.0, x - (f + d)) for t in tt for f, x in zip(t.ready_g, t.rendered))
             figures[scheme] = LinkFigures(
                 stall=sum(stall_metrics(t.ready_g, t.rendered, d).stall_ratio for t in tt) / len(tt),
-                stall_raw=sum(r.report.stall_ratio for r in runs) / len(runs),  # type: ignore[union-attr]
-                qoe=sum(r.report.qoe for r in runs) / len(runs),  # type: ignore[union-attr]
+                stall_raw=sum(r.report.stall_ratio for r in runs) / len(runs),  # type: ignore[union-attr,misc]
+                qoe=sum(r.report.qoe for r in runs) / len(runs),  # type: ignore[union-attr,misc]
                 first_token=sum(r.rendered[0] - r.generated[0] for r in runs) / len(runs),
                 lateness_p95=late[int(0.95 * (len(late) - 1))] if late else 0.0,
                 bytes=own["up"].bytes_forwarded + own["down"].bytes_forwarded,
