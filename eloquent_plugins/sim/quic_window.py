@@ -7,7 +7,8 @@ its window; a full window holds the token's packet in the server while the link 
 congestion controller (``QuicPacketRecovery``, sans-I/O: CUBIC or NewReno, RFC 9002 loss detection and probe
 timeout, the initial and minimum windows of ``max_datagram_size`` 1350 as the front end configures), fed the
 packets the simulated path carries and the QUIC ACKs the simulated client returns. Not a model of them: the
-window, its growth, its cuts and the PTO's backoff are aioquic's code. What is modelled is the packet framing
+window, its growth, its cuts, the PTO's backoff and the pacer (which after an RTT spike spaces what the front end
+handed over) are aioquic's code. What is modelled is the packet framing
 (every server packet numbered, one DATAGRAM per packet as the front end transmits between a stream's
 datagrams) and the client's ACK timing (aioquic acknowledges each ack-eliciting packet ``ACK_DELAY`` after it
 arrives, in the next packet that leaves then: an ACK-only one, or the client's Eloquent ack when one is sent at
@@ -147,7 +148,8 @@ class ServerWindow:
     # ---- aioquic's transmit -----------------------------------------------------------------------------
     def transmit(self, now: float) -> None:
         """``QuicConnection.datagrams_to_send``: queued datagrams while they fit the window (a probe may exceed it
-        by one full packet), the probe's PING if no datagram took it, the pending ACK in the first packet."""
+        by one full packet) and the pacer lets them go, the probe's PING if no datagram took it, the pending ACK in
+        the first packet."""
         recovery = self.recovery
         flight = recovery.congestion_window - recovery.bytes_in_flight
         if self._probe_pending and flight < QUIC_MAX_DATAGRAM_SIZE:
@@ -189,8 +191,8 @@ class ServerWindow:
         number = self._next_number
         self._next_number += 1
         self._ack_pending = self._probe_pending = False
-        packet = QuicSentPacket(epoch=Epoch.ONE_RTT, in_flight=in_flight, is_ack_eliciting=in_flight, is_crypto_packet=False,
-                                packet_number=number, packet_type=QuicPacketType.ONE_RTT,
+        packet = QuicSentPacket(epoch=Epoch.ONE_RTT, in_flight=in_flight, is_ack_eliciting=in_flight,
+                                is_crypto_packet=False, packet_number=number, packet_type=QuicPacketType.ONE_RTT,
                                 sent_time=self.loop.now, sent_bytes=size)
         self.recovery.on_packet_sent(packet=packet, space=self.space)
         self.recovery._pacer.update_after_send(now=self.loop.now)
