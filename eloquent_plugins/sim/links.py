@@ -88,7 +88,24 @@ class BulkStats:
     """Payload delivered in order inside the measuring window."""
 
 
-class BulkFlow:
+class FlowFigures:
+    """What a bulk flow reports, from its ``stats`` over its measuring ``window`` (either flow: ``BulkFlow``, or
+    ``quic_bulk.QuicBulkFlow``)."""
+
+    stats: BulkStats
+    window: tuple[float, float]
+
+    @property
+    def loss(self) -> float:
+        return self.stats.lost / self.stats.segments if self.stats.segments else 0.0
+
+    def throughput(self) -> float:
+        """Bits per second delivered in the window."""
+        span = self.window[1] - self.window[0]
+        return self.stats.delivered_bytes * 8 / span if span > 0 else 0.0
+
+
+class BulkFlow(FlowFigures):
     """A bulk TCP download from ``start`` to ``stop`` over ``forward``/``reverse``; ``stats`` counts what the
     receiver got in order between ``window`` bounds (the token stream's span)."""
 
@@ -136,15 +153,6 @@ class BulkFlow:
             self.stats.delivered_bytes += self.config.mss
         if self._written - self._delivered < int(self.sender.cwnd) + 32:
             self._top_up()
-
-    @property
-    def loss(self) -> float:
-        return self.stats.lost / self.stats.segments if self.stats.segments else 0.0
-
-    def throughput(self) -> float:
-        """Bits per second delivered in the window."""
-        span = self.window[1] - self.window[0]
-        return self.stats.delivered_bytes * 8 / span if span > 0 else 0.0
 
 
 def link_floor(forward: SlottedPath, generated: tuple[float, ...]) -> tuple[float, ...]:

@@ -14,46 +14,31 @@ measuring window is the flow's goodput.
 
 from __future__ import annotations
 
-from aioquic.quic.packet import QuicPacketType
-from aioquic.quic.packet_builder import QuicSentPacket
-from aioquic.quic.recovery import QuicPacketRecovery, QuicPacketSpace
-from aioquic.tls import Epoch
-
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.protocol import QUIC_MAX_DATAGRAM_SIZE
 from eloquent_plugins.sim.clock import EventLoop
-from eloquent_plugins.sim.links import CROSS_FLOWS, BulkFlow, BulkStats
+from eloquent_plugins.sim.links import CROSS_FLOWS, BulkFlow, BulkStats, FlowFigures
 from eloquent_plugins.sim.netem import Link
-from eloquent_plugins.sim.quic_window import IP_UDP, SHORT_HEADER, TIMER_SLACK, ClientAcks, ClientPacket, ServerPacket
+from eloquent_plugins.sim.quic_window import IP_UDP, SHORT_HEADER, ClientAcks, ClientPacket, QuicSender, ServerPacket
 
 PAYLOAD = QUIC_MAX_DATAGRAM_SIZE - SHORT_HEADER - 3
 """Body bytes in one full packet, counted as the rest less 3 (a STREAM frame's type, stream id, offset and length
 take 3 to 8 bytes as the offset grows: the goodput is over-counted by at most 0.4%)."""
 
 
-class QuicBulkFlow:
+class QuicBulkFlow(QuicSender, FlowFigures):
     """A QUIC bulk download from ``start`` to ``stop`` over ``forward``/``reverse``; ``stats`` counts what the client
     received between ``window`` bounds (the token stream's span). The same interface as ``links.BulkFlow``."""
 
     def __init__(self, loop: EventLoop, forward: Link, reverse: Link, *, start: float, stop: float,
                  window: tuple[float, float], rtt: float, algorithm: str = "cubic") -> None:
-        self.loop = loop
+        super().__init__(loop, algorithm, rtt, self.transmit)
         self.forward = forward
         self.reverse = reverse
         self.stop = stop
         self.window = window
         self.stats = BulkStats()
-        self.recovery = QuicPacketRecovery(congestion_control_algorithm=algorithm, initial_rtt=rtt,
-                                           max_datagram_size=QUIC_MAX_DATAGRAM_SIZE,
-                                           peer_completed_address_validation=True, send_probe=self._probe)
-        self.recovery.handshake_confirmed = True
-        self.space = QuicPacketSpace(is_application_data=True)
-        self.recovery.spaces = [self.space]
         self.acks = ClientAcks(loop, self._send_ack)
-        self._next_number = 0
-        self._probe_pending = False
-        self._timer_at: float | None = None
-        self._pacing_at: float | None = None
         loop.at(start, self.transmit)
 
     # ---- the server ---------------------------------------------------------------------------------------
@@ -63,30 +48,17 @@ class QuicBulkFlow:
         now = self.loop.now
         if now >= self.stop:
             return
-        pacer = self.recovery._pacer
         while True:
             room = self.recovery.congestion_window - self.recovery.bytes_in_flight
             if room < QUIC_MAX_DATAGRAM_SIZE and not self._probe_pending:
                 break
-            if not self._probe_pending:
-                at = pacer.next_send_time(now=now)
-                if at is not None:
-                    if self._pacing_at is None or at < self._pacing_at or self._pacing_at <= now:
-                        self._pacing_at = at
-                        self.loop.at(at, self._on_pacing, at)
-                    break
+            if not self._probe_pending and self._paced(now):
+                break
             self._emit(now)
-            pacer.update_after_send(now=now)
         self._arm()
 
     def _emit(self, now: float) -> None:
-        number = self._next_number
-        self._next_number += 1
-        self._probe_pending = False
-        packet = QuicSentPacket(epoch=Epoch.ONE_RTT, in_flight=True, is_ack_eliciting=True, is_crypto_packet=False,
-                                packet_number=number, packet_type=QuicPacketType.ONE_RTT, sent_time=now,
-                                sent_bytes=QUIC_MAX_DATAGRAM_SIZE)
-        self.recovery.on_packet_sent(packet=packet, space=self.space)
+        number = self._sent(QUIC_MAX_DATAGRAM_SIZE, True)
         self.stats.segments += 1
         arrival = self.forward.through(now, IP_UDP + QUIC_MAX_DATAGRAM_SIZE)
         if arrival is None:
@@ -94,33 +66,8 @@ class QuicBulkFlow:
         else:
             self.loop.at(arrival, self._on_client_packet, ServerPacket(number, None, True))
 
-    def _on_pacing(self, when: float) -> None:
-        if self._pacing_at == when:
-            self._pacing_at = None
-            self.transmit()
-
     def _on_ack(self, packet: ClientPacket) -> None:
-        if packet.ack is not None:
-            self.recovery.on_ack_received(ack_rangeset=packet.ack, ack_delay=packet.ack_delay, now=self.loop.now,
-                                          space=self.space)
-        self.transmit()
-
-    def _probe(self) -> None:
-        self._probe_pending = True
-
-    def _arm(self) -> None:
-        when = self.recovery.get_loss_detection_time(amplification_limited=False)
-        if when is not None and when != self._timer_at:
-            self._timer_at = when
-            self.loop.at(when + TIMER_SLACK, self._on_timer, when)
-        elif when is None:
-            self._timer_at = None
-
-    def _on_timer(self, when: float) -> None:
-        if when != self._timer_at:
-            return
-        self._timer_at = None
-        self.recovery.on_loss_detection_timeout(now=self.loop.now)
+        self._take_ack(packet)
         self.transmit()
 
     # ---- the client ---------------------------------------------------------------------------------------
@@ -135,15 +82,6 @@ class QuicBulkFlow:
             self.stats.acks_lost += 1
         else:
             self.loop.at(arrival, self._on_ack, packet)
-
-    @property
-    def loss(self) -> float:
-        return self.stats.lost / self.stats.segments if self.stats.segments else 0.0
-
-    def throughput(self) -> float:
-        """Bits per second of body received in the window."""
-        span = self.window[1] - self.window[0]
-        return self.stats.delivered_bytes * 8 / span if span > 0 else 0.0
 
 
 CrossFlow = BulkFlow | QuicBulkFlow

@@ -78,7 +78,85 @@ def datagram_packet_size(datagram: bytes) -> int:
     return SHORT_HEADER + DATAGRAM_FRAME + len(datagram)
 
 
-class ServerWindow:
+class QuicSender:
+    """aioquic's loss recovery, congestion controller and pacer for one simulated QUIC sender, with their timers on
+    the virtual clock: what Eloquent's window (``ServerWindow``) and the QUIC download (``quic_bulk``) share.
+    ``wake()`` runs when aioquic's loss-detection timer or its pacer's timer fires (the connection's transmit)."""
+
+    def __init__(self, loop: EventLoop, algorithm: str, initial_rtt: float, wake: Callable[[], None]) -> None:
+        self.loop = loop
+        self._wake = wake
+        self.recovery = QuicPacketRecovery(congestion_control_algorithm=algorithm, initial_rtt=initial_rtt,
+                                           max_datagram_size=QUIC_MAX_DATAGRAM_SIZE,
+                                           peer_completed_address_validation=True, send_probe=self._probe)
+        self.recovery.handshake_confirmed = True
+        self.space = QuicPacketSpace(is_application_data=True)
+        self.recovery.spaces = [self.space]
+        self._probe_pending = False
+        self._next_number = 0
+        self._timer_at: float | None = None
+        self._pacing_at: float | None = None
+        self.ptos = 0
+        """aioquic's own probe timeouts."""
+
+    def _sent(self, size: int, in_flight: bool) -> int:
+        """A packet of ``size`` bytes (IP/UDP excluded) leaves now: counted by the recovery and the pacer; its
+        number."""
+        number = self._next_number
+        self._next_number += 1
+        self._probe_pending = False
+        packet = QuicSentPacket(epoch=Epoch.ONE_RTT, in_flight=in_flight, is_ack_eliciting=in_flight,
+                                is_crypto_packet=False, packet_number=number, packet_type=QuicPacketType.ONE_RTT,
+                                sent_time=self.loop.now, sent_bytes=size)
+        self.recovery.on_packet_sent(packet=packet, space=self.space)
+        self.recovery._pacer.update_after_send(now=self.loop.now)
+        return number
+
+    def _take_ack(self, packet: ClientPacket) -> None:
+        if packet.ack is not None:
+            self.recovery.on_ack_received(ack_rangeset=packet.ack, ack_delay=packet.ack_delay, now=self.loop.now,
+                                          space=self.space)
+
+    def _paced(self, now: float) -> bool:
+        """aioquic's pacer holds the next packet; its timer then wakes the sender."""
+        at = self.recovery._pacer.next_send_time(now=now)
+        if at is None:
+            return False
+        if self._pacing_at is None or self._pacing_at <= now or at < self._pacing_at:
+            self._pacing_at = at
+            self.loop.at(at, self._on_pacing, at)
+        return True
+
+    def _on_pacing(self, when: float) -> None:
+        if when != self._pacing_at:
+            return
+        self._pacing_at = None
+        self._wake()
+
+    def _probe(self) -> None:
+        self._probe_pending = True
+
+    def _arm(self) -> None:
+        when = self.recovery.get_loss_detection_time(amplification_limited=False)
+        if when is not None and when != self._timer_at:
+            self._timer_at = when
+            # A microsecond late, as a real clock reads: at the loss time itself float rounding can leave the
+            # packet a hair short of aioquic's time threshold, and the timer would fire again at the same instant.
+            self.loop.at(when + TIMER_SLACK, self._on_timer, when)
+        elif when is None:
+            self._timer_at = None
+
+    def _on_timer(self, when: float) -> None:
+        if when != self._timer_at:
+            return  # re-armed since
+        self._timer_at = None
+        if self.space.loss_time is None:
+            self.ptos += 1
+        self.recovery.on_loss_detection_timeout(now=self.loop.now)
+        self._wake()
+
+
+class ServerWindow(QuicSender):
     """The server's side: the front end's admission (what it pulls from the sender, the one parked run) over
     aioquic's recovery (what leaves, what is in flight, what is lost). ``send(packet, size)`` puts a packet of
     ``size`` bytes (IP/UDP included) on the forward path; ``pump()`` is the front end's plan, run after every
@@ -88,14 +166,8 @@ class ServerWindow:
                  send: Callable[[ServerPacket, int], None]) -> None:
         if algorithm not in WINDOWS[1:]:
             raise ConfigError(f"unknown congestion control {algorithm!r} (known: {', '.join(WINDOWS[1:])})")
-        self.loop = loop
+        super().__init__(loop, algorithm, initial_rtt, self._wake_up)
         self._send = send
-        self.recovery = QuicPacketRecovery(congestion_control_algorithm=algorithm, initial_rtt=initial_rtt,
-                                           max_datagram_size=QUIC_MAX_DATAGRAM_SIZE,
-                                           peer_completed_address_validation=True, send_probe=self._probe)
-        self.recovery.handshake_confirmed = True
-        self.space = QuicPacketSpace(is_application_data=True)
-        self.recovery.spaces = [self.space]
         self.pending: list[bytes] = []
         """aioquic's DATAGRAM queue: handed over by the front end, not yet sent (no room in the window)."""
         self.parked: list[bytes] = []
@@ -103,15 +175,9 @@ class ServerWindow:
         self.handed: list[tuple[float, bytes]] = []
         """When each datagram went to QUIC (the front end's ``record_timings`` log; ``held`` is measured on it)."""
         self.pump: Callable[[], None] = lambda: None
-        self._probe_pending = False
         self._ack_pending = False
-        self._next_number = 0
-        self._timer_at: float | None = None
-        self._pacing_at: float | None = None
         self.probes = 0
         """Eloquent probes the front end sent over a full window."""
-        self.ptos = 0
-        """aioquic's own probe timeouts."""
 
     # ---- the front end's plan ---------------------------------------------------------------------------
     def room(self) -> int:
@@ -165,74 +231,31 @@ class ServerWindow:
         self._arm()
 
     def _paced(self, now: float) -> bool:
-        """aioquic's pacer holds the next packet (``_write_application``: not while an ACK is due); its timer then
-        transmits again, as the front end's ``after_timer`` does."""
-        if self._ack_pending:
-            return False
-        at = self.recovery._pacer.next_send_time(now=now)
-        if at is None:
-            return False
-        if self._pacing_at is None or self._pacing_at <= now or at < self._pacing_at:
-            self._pacing_at = at
-            self.loop.at(at, self._on_pacing, at)
-        return True
-
-    def _on_pacing(self, when: float) -> None:
-        if when != self._pacing_at:
-            return
-        self._pacing_at = None
-        self.transmit(self.loop.now)
-        self.pump()
+        """Not while an ACK is due (``_write_application``)."""
+        return not self._ack_pending and super()._paced(now)
 
     def _extras(self) -> int:
         return (ACK_FRAME if self._ack_pending else 0) + (PING_FRAME if self._probe_pending else 0)
 
     def _emit(self, datagram: bytes | None, size: int, in_flight: bool) -> None:
-        number = self._next_number
-        self._next_number += 1
-        self._ack_pending = self._probe_pending = False
-        packet = QuicSentPacket(epoch=Epoch.ONE_RTT, in_flight=in_flight, is_ack_eliciting=in_flight,
-                                is_crypto_packet=False, packet_number=number, packet_type=QuicPacketType.ONE_RTT,
-                                sent_time=self.loop.now, sent_bytes=size)
-        self.recovery.on_packet_sent(packet=packet, space=self.space)
-        self.recovery._pacer.update_after_send(now=self.loop.now)
+        self._ack_pending = False
+        number = self._sent(size, in_flight)
         self._send(ServerPacket(number, datagram, in_flight), IP_UDP + size)
 
     # ---- input and aioquic's timer ----------------------------------------------------------------------
     def on_packet(self, packet: ClientPacket, deliver: Callable[[bytes], None]) -> None:
         """A client packet arrives: its ACK to the recovery, its Eloquent ack to the sender (``deliver``), then
         the front end's ``acknowledge_now`` and plan."""
-        now = self.loop.now
-        if packet.ack is not None:
-            self.recovery.on_ack_received(ack_rangeset=packet.ack, ack_delay=packet.ack_delay, now=now,
-                                          space=self.space)
+        self._take_ack(packet)
         if packet.datagram is not None:
             self._ack_pending = True
             deliver(packet.datagram)
         self.pump()
         self._arm()
 
-    def _probe(self) -> None:
-        self._probe_pending = True
-
-    def _arm(self) -> None:
-        when = self.recovery.get_loss_detection_time(amplification_limited=False)
-        if when is not None and when != self._timer_at:
-            self._timer_at = when
-            # A microsecond late, as a real clock reads: at the loss time itself float rounding can leave the
-            # packet a hair short of aioquic's time threshold, and the timer would fire again at the same instant.
-            self.loop.at(when + TIMER_SLACK, self._on_timer, when)
-        elif when is None:
-            self._timer_at = None
-
-    def _on_timer(self, when: float) -> None:
-        if when != self._timer_at:
-            return  # re-armed since
-        self._timer_at = None
-        if self.space.loss_time is None:
-            self.ptos += 1
-        self.recovery.on_loss_detection_timeout(now=self.loop.now)
-        self.transmit(self.loop.now)  # H3Protocol._handle_timer: aioquic's timer and transmit, then after_timer
+    def _wake_up(self) -> None:
+        """A timer of aioquic's fired: its transmit, then the front end's ``after_timer`` (H3Protocol)."""
+        self.transmit(self.loop.now)
         self.pump()
         self._arm()
 
