@@ -231,8 +231,10 @@ async def run_link_e2e(conditions: Conditions, workload: Workload, *, cross: boo
             own = run.own[scheme]
             packets = own["up"].received + own["down"].received
             late = sorted(max(0.0, x - (f + d)) for t in tt for f, x in zip(t.ready_g, t.rendered))
+            stalls = [stall_metrics(t.ready_g, t.rendered, d).stall_ratio for t in tt]
+            nets = [t.network_stall(one_way) for t in tt]
             figures[scheme] = LinkFigures(
-                stall=sum(stall_metrics(t.ready_g, t.rendered, d).stall_ratio for t in tt) / len(tt),
+                stall=sum(stalls) / len(tt),
                 stall_raw=sum(r.report.stall_ratio for r in runs) / len(runs),  # type: ignore[union-attr,misc]
                 qoe=sum(r.report.qoe for r in runs) / len(runs),  # type: ignore[union-attr,misc]
                 first_token=sum(r.rendered[0] - r.generated[0] for r in runs) / len(runs),
@@ -241,11 +243,10 @@ async def run_link_e2e(conditions: Conditions, workload: Workload, *, cross: boo
                 own_loss=(own["up"].queue_dropped + own["down"].queue_dropped) / packets if packets else 0.0,
                 cross_bps=sum(run.cross_bps) / len(run.cross_bps) if run.cross_bps else None, cross_alone_bps=alone,
                 cross_loss=run.cross_dropped / run.cross_received if run.cross_received else None, streams=len(runs),
-                stall_net=sum(t.network_stall(one_way) for t in tt) / len(tt))
+                stall_net=sum(nets) / len(tt))
             terms[scheme] = mean_terms_ms(tt, one_way)
-            per_stream[scheme] = [{"request": r.request, "stall_net": t.network_stall(one_way),
-                                   "stall": stall_metrics(t.ready_g, t.rendered, d).stall_ratio,
-                                   **mean_terms_ms([t], one_way)} for r, t in zip(runs, tt)]
+            per_stream[scheme] = [{"request": r.request, "stall_net": net, "stall": stall,
+                                   **mean_terms_ms([t], one_way)} for r, t, stall, net in zip(runs, tt, stalls, nets)]
     shifts = [x for _, run in groups for x in run.first_token_shift]
     return LinkE2E(result, figures, terms, shifts, time.monotonic() - started,
                    [path.link_offset for path, _ in paths], per_stream)
