@@ -44,8 +44,10 @@ class ResponseState(Enum):
 class EloquentResponseStream:
     def __init__(self, stream_id: int, config: SenderConfig, *, now: float, fallback_after: float = 1.0,
                  ack_timeout: float = 30.0, supersede: bool = True, tail_repeats: int = 1,
-                 tail_gap: float = 0.01, codec: Codec | None = None) -> None:
-        """``codec`` shapes the in-band error of ``fail`` (the route's codec; OpenAI's when None)."""
+                 tail_gap: float = 0.01, codec: Codec | None = None, confirm_path: bool = False) -> None:
+        """``codec`` shapes the in-band error of ``fail`` (the route's codec; OpenAI's when None).
+        ``confirm_path``: the transport calls ``path_delivered`` once its peer acknowledged a packet sent after the
+        trailer, and the fallback clock starts there, not at the trailer (docs/PROTOCOL.md, section 8)."""
         self.stream_id = stream_id
         self.codec: Codec = codec if codec is not None else _OPENAI
         self.sender = EloquentSender(stream_id, config, now=now)
@@ -57,8 +59,10 @@ class EloquentResponseStream:
         self._digest = StreamDigest()
         self._log: deque[StreamEvent] = deque()
         self.state = ResponseState.STREAMING
-        self._trailer_at = 0.0
-        """When the trailer was written (meaningful from TRAILED on): the fallback clock starts there."""
+        self._confirm_path = confirm_path
+        self._fallback_from: float | None = None
+        """When the fallback clock started (TRAILED): the trailer, or with ``confirm_path`` the moment the path was
+        seen delivering after it; None while it has not."""
         self._tail_gap = tail_gap
         self._tail_repeats = tail_repeats
         self._tail_due: list[float] = []
@@ -114,7 +118,7 @@ class EloquentResponseStream:
 
     def _close(self, final: StreamEvent, now: float) -> bytes:
         self.state = ResponseState.TRAILED
-        self._trailer_at = now
+        self._fallback_from = None if self._confirm_path else now
         # Tail protection: the last packet has no successor to carry its events, so the final run goes out
         # again ``tail_gap`` apart (a few ms decorrelates it from a loss burst) unless acked by then.
         self._tail_due = [now + self._tail_gap * k for k in range(1, self._tail_repeats + 1)]
@@ -123,6 +127,19 @@ class EloquentResponseStream:
     @property
     def ended(self) -> bool:
         return self.state is not ResponseState.STREAMING
+
+    @property
+    def awaiting_path(self) -> bool:
+        """Trailed, and the fallback clock waits for the transport's ``path_delivered``."""
+        return self.state is ResponseState.TRAILED and self._fallback_from is None
+
+    def path_delivered(self, now: float) -> None:
+        """The peer acknowledged a packet sent after the trailer: the path delivers again, so from now on events
+        still unacked after ``fallback_after`` are the datagrams' failure, not the path's. While the path is down
+        or its queue holds seconds, the fallback record would only wait behind the same window, in several
+        packets and in order, where each probe carries the whole run in one (docs/results/real-links.md, 10)."""
+        if self.awaiting_path:
+            self._fallback_from = now
 
     @property
     def fallback_sent(self) -> bool:
@@ -160,7 +177,8 @@ class EloquentResponseStream:
         return datagrams
 
     def fallback_due(self, now: float) -> bool:
-        return self.state is ResponseState.TRAILED and now >= self._trailer_at + self.fallback_after
+        start = self._fallback_from
+        return self.state is ResponseState.TRAILED and start is not None and now >= start + self.fallback_after
 
     def fallback_record(self) -> bytes:
         """The unacked events for the reliable stream; after this the stream needs no more datagrams."""
@@ -177,7 +195,8 @@ class EloquentResponseStream:
             return None
         best = self.sender.next_deadline()
         for deadline in (self._tail_due[0] if self._tail_due and not self.sender.done else None,
-                         self._trailer_at + self.fallback_after if self.state is ResponseState.TRAILED else None,
+                         None if self._fallback_from is None or self.state is not ResponseState.TRAILED
+                         else self._fallback_from + self.fallback_after,
                          self._last_progress + self.ack_timeout if self._log else None):
             if deadline is not None and (best is None or deadline < best):
                 best = deadline

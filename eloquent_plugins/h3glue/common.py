@@ -75,6 +75,18 @@ def congestion_window(quic: QuicConnection) -> int:
     return int(quic._loss.congestion_window)
 
 
+def smoothed_rtt(quic: QuicConnection) -> float | None:
+    """aioquic's smoothed RTT of the connection; None before its first sample (the handshake gives one)."""
+    loss = quic._loss
+    return float(loss._rtt_smoothed) if loss._rtt_initialized else None
+
+
+def packet_numbers(quic: QuicConnection) -> tuple[int, int]:
+    """The next packet number aioquic sends (one counter for every epoch) and the largest the peer acknowledged
+    in the 1-RTT space (0 before any: a stream's mark after the handshake is above it)."""
+    return quic._packet_number, quic._spaces[tls.Epoch.ONE_RTT].largest_acked_packet
+
+
 def pending_datagram_bytes(quic: QuicConnection) -> int:
     """Payload bytes of the DATAGRAM frames aioquic holds, not yet sent (its queue has no bound or expiry)."""
     return sum(map(len, quic._datagrams_pending))

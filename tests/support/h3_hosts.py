@@ -13,6 +13,8 @@ from typing import Any
 from eloquent_plugins.core.codecs import BUILTIN_CODECS
 from eloquent_plugins.core.codecs.router import CodecRouter
 from eloquent_plugins.core.protocol import H3_NO_ERROR
+from eloquent_plugins.core.scheme import Scheme
+from eloquent_plugins.core.sender_config import SenderConfig
 from eloquent_plugins.transports.body_budget import HeldBody
 from eloquent_plugins.transports.config import StreamConfig
 from eloquent_plugins.transports.http3.guards import Rejection, connection_limits
@@ -48,9 +50,11 @@ class Wire:
 class RecordingRequestHost:
     """A ``RequestHost``: the connection's side of one or more requests, with the wire recorded."""
 
-    def __init__(self, state: ServerState, *, datagrams: bool = False) -> None:
+    def __init__(self, state: ServerState, *, datagrams: bool = False, rtt: float | None = None) -> None:
         self.state = state
         self.limits = connection_limits(state.config.limits)
+        self.rtt = rtt
+        """The connection's measured RTT (None: no sample yet), as ``Http3Connection`` reads aioquic's."""
         self.terminated = False
         self.error_code: int | None = None
         self.wire = Wire()
@@ -89,6 +93,9 @@ class RecordingRequestHost:
 
     def backlog(self, stream_id: int) -> int:
         return 0
+
+    def sender_config(self, scheme: Scheme, codec: str, body_head: bytearray | None) -> SenderConfig:
+        return self.state.sender_config(scheme, self.limits, codec, body_head, self.rtt)
 
     def transmit(self) -> None:
         self.transmits += 1

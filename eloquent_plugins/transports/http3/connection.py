@@ -15,19 +15,14 @@ from typing import Any
 
 from aioquic.h3.events import DatagramReceived, DataReceived, H3Event, HeadersReceived
 from aioquic.h3.events import WebTransportStreamDataReceived as WebTransportData
-from aioquic.quic.events import (
-    ConnectionTerminated,
-    ProtocolNegotiated,
-    QuicEvent,
-    StopSendingReceived,
-    StreamReset,
-)
+from aioquic.quic.events import ConnectionTerminated, ProtocolNegotiated, QuicEvent, StopSendingReceived, StreamReset
 
 from eloquent_plugins.core.errors import LimitExceeded, ProtocolError
 from eloquent_plugins.core.hooks.manager import StreamHooks
 from eloquent_plugins.core.hooks.specs import StreamInfo
 from eloquent_plugins.core.protocol import H3_NO_ERROR
 from eloquent_plugins.core.scheme import Scheme, UnknownScheme, scheme_for
+from eloquent_plugins.core.sender_config import SenderConfig
 from eloquent_plugins.h3glue.common import (
     ALPN,
     DatagramH3Connection,
@@ -36,6 +31,7 @@ from eloquent_plugins.h3glue.common import (
     disable_pacing,
     peer_address,
     peer_closed,
+    smoothed_rtt,
     stream_alive,
     stream_send_backlog,
 )
@@ -263,6 +259,10 @@ class Http3Connection(H3Protocol):
         """A place in the server's ledger of incomplete bodies and heads, for this connection and its address."""
         address = peer_address(self.quic)
         return self.state.held.open(self, str(address[0]) if address else None)
+
+    def sender_config(self, scheme: Scheme, codec: str, body_head: bytearray | None) -> SenderConfig:
+        """A new Eloquent response's sender settings, its RTT estimate starting from this connection's."""
+        return self.state.sender_config(scheme, self.limits, codec, body_head, smoothed_rtt(self.quic))
 
     def request_done(self, request: Request) -> None:
         """The app task ended; an Eloquent stream lives on until acked or fallen back."""

@@ -19,6 +19,7 @@ from eloquent_plugins.h3glue.common import (
     DatagramH3Connection,
     datagram_room,
     has_pending_datagrams,
+    packet_numbers,
     peer_max_datagram_frame_size,
     request_probe,
 )
@@ -100,7 +101,7 @@ class DatagramPump:
             return
         quic = host.quic
         now = host.loop.time()
-        plan = self.scheduler.plan(now, datagram_room(quic), transport_queue_empty=not has_pending_datagrams(quic))
+        plan = self._plan(quic, now)
         self._execute(plan)
         host.transmit()
         self._schedule_deadline(now)
@@ -137,11 +138,15 @@ class DatagramPump:
             return
         quic = host.quic
         now = host.loop.time()
-        plan = self.scheduler.plan(now, datagram_room(quic), transport_queue_empty=not has_pending_datagrams(quic))
+        plan = self._plan(quic, now)
         if plan.steps or plan.datagrams or plan.probe:
             self._execute(plan)
             host.transmit()
         self._schedule_deadline(now)
+
+    def _plan(self, quic: Any, now: float) -> Plan:
+        self.scheduler.note_path(now, *packet_numbers(quic))
+        return self.scheduler.plan(now, datagram_room(quic), transport_queue_empty=not has_pending_datagrams(quic))
 
     def _execute(self, plan: Plan) -> None:
         host = self.host

@@ -17,13 +17,13 @@ from eloquent_plugins.core.errors import LimitExceeded
 from eloquent_plugins.core.events import StreamEvent
 from eloquent_plugins.core.hooks.manager import StreamHooks
 from eloquent_plugins.core.keepalive import KeepAliveTimer
-from eloquent_plugins.core.limits import Limits
 from eloquent_plugins.core.protocol import (DATAGRAM, H3_INTERNAL_ERROR, H3_NO_ERROR, H3_REQUEST_CANCELLED,
                                             REQUEST_ID_HEADER, TRANSPORT_HEADER)
 from eloquent_plugins.core.response_stream import EloquentResponseStream
 from eloquent_plugins.core.pacing import next_tick
 from eloquent_plugins.core.padding import REQUEST_HEAD_MAX
 from eloquent_plugins.core.scheme import Scheme
+from eloquent_plugins.core.sender_config import SenderConfig
 from eloquent_plugins.core.sse_reader import SSEParser
 from eloquent_plugins.core.sse_writer import format_event
 from eloquent_plugins.h3glue.common import CONNECTION_SPECIFIC
@@ -44,7 +44,6 @@ class RequestHost(Protocol):
     wire of its own stream, and the datagram pump. Nothing else of the connection is the request's business."""
 
     state: ServerState
-    limits: Limits
     error_code: int | None
     """Set when the connection failed (closed by us with that code)."""
 
@@ -63,6 +62,7 @@ class RequestHost(Protocol):
     def reset(self, stream_id: int, code: int) -> None: ...
     def stop_reading(self, stream_id: int, code: int = H3_NO_ERROR) -> None: ...
     def backlog(self, stream_id: int) -> int: ...
+    def sender_config(self, scheme: Scheme, codec: str, body_head: bytearray | None) -> SenderConfig: ...
     def transmit(self) -> None: ...
 
     # the datagram pump, and the connection's book of its requests
@@ -258,11 +258,11 @@ class Request:
 
     def _open_eloquent(self) -> EloquentResponseStream:
         conn = self.conn
-        config = conn.state.sender_config(self.scheme, conn.limits, self.codec.name, self.body_head)
+        config = conn.sender_config(self.scheme, self.codec.name, self.body_head)
         return EloquentResponseStream(
             self.stream_id, config, now=conn.loop.time(), fallback_after=conn.state.options.fallback_after,
             ack_timeout=conn.state.config.send_timeout or 30.0, supersede=self.scheme is Scheme.ELOQUENT,
-            codec=self.codec)
+            codec=self.codec, confirm_path=True)
 
     async def send_body(self, body: bytes, more: bool) -> None:
         conn = self.conn

@@ -58,6 +58,8 @@ class DatagramScheduler:
         """Room granted to a due probe when the window is full (one datagram budget)."""
         self.streams: dict[int, EloquentResponseStream] = {}
         self.queue = DatagramQueue()
+        self._marks: dict[int, int] = {}
+        """Per trailed stream awaiting its path: the first packet number sent after its trailer."""
 
     def add(self, stream: EloquentResponseStream) -> None:
         self.streams[stream.stream_id] = stream
@@ -68,6 +70,7 @@ class DatagramScheduler:
     def drop(self, stream_id: int) -> bool:
         """Forget a stream (and its parked datagrams); True when it was live."""
         self.queue.discard(stream_id)
+        self._marks.pop(stream_id, None)
         return self.streams.pop(stream_id, None) is not None
 
     def clear(self) -> None:
@@ -92,6 +95,14 @@ class DatagramScheduler:
             self.queue.put(stream_id, datagrams, supersede=stream.supersede)
             return None
         return [(stream_id, d) for d in datagrams]
+
+    def note_path(self, now: float, next_packet: int, largest_acked: int) -> None:
+        """The connection's packet numbers: a trailed stream's fallback clock starts once the peer acknowledged a
+        packet numbered at or above the first one sent after its trailer (``path_delivered``)."""
+        for stream_id, stream in self.streams.items():
+            if stream.awaiting_path:
+                if largest_acked >= self._marks.setdefault(stream_id, next_packet):
+                    stream.path_delivered(now)
 
     def plan(self, now: float, room: int, *, transport_queue_empty: bool) -> Plan:
         """What to do now. ``room``: bytes the congestion controller would let out, minus aioquic's queue."""

@@ -192,3 +192,38 @@ def test_a_send_the_full_window_keeps_back_wakes_the_plan_at_a_pace_not_every_tu
     after = sched.next_deadline()
     assert after is None or after > at + 0.001
     assert sched.wake_at(at + 0.001) == after, "nothing left past due: the plain next deadline"
+
+
+def test_the_fallback_clock_waits_for_the_path_to_deliver_after_the_trailer() -> None:
+    """A stream whose transport confirms its path falls back ``fallback_after`` after the peer acknowledged a
+    packet sent after its trailer, not after the trailer itself: while the path is down (or its queue holds
+    seconds) the record would wait behind the same window in several packets, in order, where each probe carries
+    the whole run in one. Without confirmation the clock starts at the trailer, as before."""
+    from eloquent_plugins.core.response_stream import EloquentResponseStream
+    from eloquent_plugins.core.sender import SenderConfig
+    from eloquent_plugins.transports.http3.scheduler import DatagramScheduler
+
+    def trailed(confirm: bool) -> tuple[DatagramScheduler, EloquentResponseStream]:
+        s = EloquentResponseStream(0, SenderConfig(), now=0.0, confirm_path=confirm)
+        s.feed_body(b"data: hello\n\n", 0.0)
+        s.finish(0.0)
+        sched = DatagramScheduler(probe_size=1200)
+        sched.add(s)
+        return sched, s
+
+    def steps(sched: DatagramScheduler, now: float, next_packet: int, acked: int) -> list[str]:
+        sched.note_path(now, next_packet, acked)
+        return [step.kind.value for step in sched.plan(now, 10_000, transport_queue_empty=True).steps]
+
+    sched, s = trailed(confirm=True)
+    after = s.fallback_after
+    assert steps(sched, 0.0, 40, 30) == []  # the mark: packet 40, the first after the trailer
+    assert s.awaiting_path and s.next_deadline() is not None  # probes still due; no fallback deadline yet
+    assert steps(sched, 5 * after, 60, 39) == [], "acks of packets before the trailer: the path not yet shown"
+    assert steps(sched, 6 * after, 70, 40) == [] and not s.awaiting_path  # packet 40 acked: the clock starts
+    assert steps(sched, 7 * after - 0.001, 80, 75) == []
+    assert steps(sched, 7 * after, 90, 85) == ["fallback"]
+
+    plain, p = trailed(confirm=False)
+    assert not p.awaiting_path
+    assert steps(plain, after, 40, 30) == ["fallback"], "unconfirmed streams: the trailer starts the clock"

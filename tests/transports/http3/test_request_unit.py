@@ -17,8 +17,8 @@ from tests.support.h3_hosts import RecordingRequestHost, server_state
 
 
 def make(app: Any, *, scheme: Scheme = Scheme.STREAM, datagrams: bool = False,
-         path: bytes = b"/v1/chat/completions") -> tuple[RecordingRequestHost, Request]:
-    host = RecordingRequestHost(server_state(app), datagrams=datagrams)
+         path: bytes = b"/v1/chat/completions", rtt: float | None = None) -> tuple[RecordingRequestHost, Request]:
+    host = RecordingRequestHost(server_state(app), datagrams=datagrams, rtt=rtt)
     scope = http_scope(b"POST", path, [(b"host", b"x")], client=("127.0.0.1", 1), server=("127.0.0.1", 2))
     request = Request(host, 0, scope, scheme, host.state.codecs.for_path(scope["path"]))
     return host, request
@@ -92,6 +92,25 @@ async def test_an_sse_response_to_a_datagram_peer_goes_eloquent_through_the_host
     assert host.tracked == [request] and request.eloquent is not None and host.pumped == [0]
     assert host.wire.of("data"), "the trailer goes on the request stream"
     assert request.gone and host.done == [request]
+
+
+async def test_an_eloquent_sender_starts_from_the_connections_measured_rtt() -> None:
+    """Its first probe then comes a PTO of this path after an unanswered packet (60 ms path: 0.185 s), not one
+    of the 250 ms default (0.755 s), as the simulator's sender does (docs/results/real-links.md, point 10)."""
+
+    async def sse(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "body": b"data: a\n\n", "more_body": False})
+
+    timeouts = {}
+    for rtt in (0.06, None):
+        host, request = make(sse, scheme=Scheme.ELOQUENT, datagrams=True, rtt=rtt)
+        request.on_body(b"", True)
+        await request.run()
+        assert request.eloquent is not None
+        sender = request.eloquent.sender
+        timeouts[rtt] = sender._recovery.rtt.probe_timeout(sender.config.max_ack_delay)
+    assert abs(timeouts[0.06] - 0.185) < 1e-9 and abs(timeouts[None] - 0.755) < 1e-9
 
 
 async def test_a_second_response_start_is_an_app_error() -> None:
