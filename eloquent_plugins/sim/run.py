@@ -26,7 +26,7 @@ from eloquent_plugins.sim.tcp import TcpConfig, TcpSender
 from eloquent_plugins.sim.tcp_receiver import TcpReceiver
 from eloquent_plugins.sim.links import (REQUEST_TTFT, WARMUP, RealLink, link_floor, request_delay, stream_offset,
                                         stream_span)
-from eloquent_plugins.sim.timeline import Timeline, TokenModel, generate_timeline
+from eloquent_plugins.sim.timeline import Timeline, generate_timeline
 from eloquent_plugins.sim.link import QUIC_DATAGRAM_HEADER, TCP_HEADER, SimWire
 
 SCHEMES = ("retransmission", "duplication", "eloquent", "oracle")
@@ -350,8 +350,7 @@ def simulate_stream(scenario: Scenario, seed: int, stream: int, trace: Trace | N
     after ``links.WARMUP`` s and its request's wait up the link (``LinkRun.request_delay``), beside a bulk
     download when ``scenario.cross``; the oracle is not defined there."""
     seeds = StreamSeeds.derive(seed, stream)
-    model = TokenModel(tokens=scenario.tokens, tpot=scenario.tpot_ms / 1000)
-    timeline = generate_timeline(model, random.Random(seeds.timeline))
+    timeline = generate_timeline(scenario.token_model(), random.Random(seeds.timeline))
     link: LinkRun | None = None
     if real_link is not None:
         timeline = replace(timeline, times=tuple(t + WARMUP for t in timeline.times))

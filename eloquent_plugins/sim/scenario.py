@@ -10,12 +10,13 @@ from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.sim.netem import GilbertElliott, PathConfig, Trace, load_trace
 from eloquent_plugins.sim.links import CROSS_FLOWS
 from eloquent_plugins.sim.quic_window import WINDOWS
+from eloquent_plugins.sim.timeline import DECODES, TokenModel, token_model
 
 _KEYS = {
     "loss": "loss", "burst": "burst", "rtt": "rtt_ms", "jitter": "jitter_ms", "tpot": "tpot_ms",
     "bw": "bandwidth_kbps", "tokens": "tokens", "streams": "streams", "trace": "trace", "k": "copies",
     "link": "link", "cross": "cross", "queue": "queue_packets", "codel": "codel", "recarry": "recarry",
-    "window": "window", "flow": "cross_flow",
+    "window": "window", "flow": "cross_flow", "decode": "decode",
 }
 
 
@@ -51,6 +52,8 @@ class Scenario:
     window: str = "none"
     """The Eloquent schemes' QUIC congestion window (``quic_window.WINDOWS``): ``none`` sends every datagram at
     once; ``reno`` / ``cubic`` hold them inside aioquic's controller, as the HTTP/3 front end does."""
+    decode: str = "jittered"
+    """How the tokens' generation times are drawn (``timeline.DECODES``): jittered, or steady as ``bench e2e``."""
 
     def __post_init__(self) -> None:
         GilbertElliott(self.loss, self.burst)
@@ -67,6 +70,8 @@ class Scenario:
             raise ConfigError("cross and codel are 0 or 1")
         if self.cross_flow not in CROSS_FLOWS:
             raise ConfigError(f"flow must be one of {', '.join(CROSS_FLOWS)}, got {self.cross_flow!r}")
+        if self.decode not in DECODES:
+            raise ConfigError(f"decode must be one of {', '.join(DECODES)}, got {self.decode!r}")
         if self.window not in WINDOWS:
             raise ConfigError(f"window must be one of {', '.join(WINDOWS)}, got {self.window!r}")
         if self.cross and not self.link:
@@ -85,8 +90,11 @@ class Scenario:
             parts.append(f"trace={self.trace}")
         if self.window != "none":
             parts.append(f"window={self.window}")
+        if self.decode != "jittered":
+            parts.append(f"decode={self.decode}")
         if self.link:
             parts = [f"link={self.link}", f"cross={self.cross}"]
+            parts += [f"decode={self.decode}"] if self.decode != "jittered" else []
             parts += [f"flow={self.cross_flow}"] if self.cross and self.cross_flow != "tcp" else []
             parts += [f"queue={self.queue_packets}"] if self.queue_packets != 100 else []
             parts += ["codel=1"] if self.codel else []
@@ -102,6 +110,9 @@ class Scenario:
                           bandwidth=None if self.bandwidth_kbps is None else self.bandwidth_kbps * 1000,
                           trace=trace)
 
+    def token_model(self) -> TokenModel:
+        return token_model(self.tokens, self.tpot_ms / 1000, self.decode)
+
     def load_trace(self) -> Trace | None:
         return load_trace(self.trace) if self.trace else None
 
@@ -109,7 +120,7 @@ class Scenario:
 def parse_scenario(spec: str, base: Scenario | None = None) -> Scenario:
     """``key=value`` pairs separated by commas; keys: loss, burst, rtt (ms), jitter (ms), tpot (ms), bw (kbit/s),
     tokens, streams, trace (file), k (duplication copies), window (none, reno, cubic), link, cross, flow (tcp,
-    quic). Unnamed keys keep ``base``'s values."""
+    quic), decode (jittered, steady). Unnamed keys keep ``base``'s values."""
     values: dict[str, object] = {}
     types = {f.name: f.type for f in fields(Scenario)}
     for item in spec.split(","):
@@ -123,7 +134,7 @@ def parse_scenario(spec: str, base: Scenario | None = None) -> Scenario:
         if key not in _KEYS:
             raise ConfigError(f"unknown scenario key {key!r} in {spec!r} (known: {', '.join(_KEYS)})")
         name = _KEYS[key]
-        if name in ("trace", "link", "window", "cross_flow"):
+        if name in ("trace", "link", "window", "cross_flow", "decode"):
             values[name] = raw
             continue
         try:

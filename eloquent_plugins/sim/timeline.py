@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from eloquent_plugins.core.checks import require_finite
 from eloquent_plugins.core.errors import ConfigError
@@ -52,6 +52,20 @@ class TokenModel:
         require_finite("gap_max", self.gap_max, strict=True)
         if not 0 <= self.gap_probability <= 1 or not self.gap_min <= self.gap_max:
             raise ConfigError("bad long-gap or jitter parameters in the token model")
+
+
+DECODES = ("jittered", "steady")
+"""How decode times are drawn: ``jittered`` (``TokenModel``'s log-normal jitter and long gaps, the default) or
+``steady`` (every token exactly ``tpot`` after the one before, as the built-in engine ``bench e2e`` streams)."""
+
+
+def token_model(tokens: int, tpot: float, decode: str = "jittered") -> TokenModel:
+    """The scenario's token model; ``steady`` compares a simulated stream token for token with an end-to-end one
+    (docs/results/real-links.md, point 10)."""
+    if decode not in DECODES:
+        raise ConfigError(f"decode must be one of {', '.join(DECODES)}, got {decode!r}")
+    model = TokenModel(tokens=tokens, tpot=tpot)
+    return model if decode == "jittered" else replace(model, tpot_sigma=0.0, gap_probability=0.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,8 +170,7 @@ def simulated_stream(scenario: Any, seed: int, stream: int) -> dict[str, Any]:
     from eloquent_plugins.sim.run import StreamSeeds, _initial_rtt, _paths
 
     seeds = StreamSeeds.derive(seed, stream)
-    timeline = generate_timeline(TokenModel(tokens=scenario.tokens, tpot=scenario.tpot_ms / 1000),
-                                 random.Random(seeds.timeline))
+    timeline = generate_timeline(scenario.token_model(), random.Random(seeds.timeline))
     forward, reverse = _paths(scenario.path_config(scenario.load_trace()), timeline, seeds)
     run = run_recorded(timeline, forward, reverse, _initial_rtt(scenario))
     return {"scheme": "eloquent", "scenario": scenario.label, "seed": seed, "stream": stream,

@@ -154,6 +154,21 @@ def test_scenario_parsing() -> None:
             parse_scenario(bad)
 
 
+def test_steady_decode_streams_every_token_one_tpot_after_the_last() -> None:
+    """``decode=steady``: the built-in engine's timing (``bench e2e``), so a simulated stream compares token for
+    token with an end-to-end one; the default keeps the jitter and long gaps."""
+    steady = parse_scenario("tpot=30,tokens=50,decode=steady")
+    assert steady.decode == "steady" and "decode=steady" in steady.label
+    times = generate_timeline(steady.token_model(), random.Random(1)).times
+    assert max(abs(t - 0.03 * i) for i, t in enumerate(times)) < 1e-9
+    jittered = generate_timeline(Scenario(tokens=50).token_model(), random.Random(1)).times
+    assert max(abs(t - 0.03 * i) for i, t in enumerate(jittered)) > 0.01
+    run = simulate_stream(steady, 1, 0, None, ("eloquent",))["eloquent"]
+    assert max(abs(g - run.generated[0] - 0.03 * i) for i, g in enumerate(run.generated)) < 1e-9
+    with pytest.raises(ConfigError):
+        parse_scenario("decode=bursty")
+
+
 def test_bench_sim_writes_json_and_plot(tmp_path, capsys) -> None:
     out_json, out_png = tmp_path / "sim.json", tmp_path / "sim.png"
     code = main(["bench", "sim", "--scenario", "loss=0.1,burst=4,rtt=100", "--scenario", "loss=0.05,rtt=20",

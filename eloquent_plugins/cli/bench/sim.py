@@ -21,6 +21,7 @@ from eloquent_plugins.cli.optional import needs_extra
 from eloquent_plugins.core.stall import DEFAULT_READING_PACE
 from eloquent_plugins.sim.links import CROSS_FLOWS
 from eloquent_plugins.sim.quic_window import WINDOWS
+from eloquent_plugins.sim.timeline import DECODES
 from eloquent_plugins.sim.matrix import Plan, custom_plan, quick_plan, standard_plan, with_tokens
 from eloquent_plugins.sim.report import ScenarioResult, format_table, plot, summarize_scenario, write_json
 from eloquent_plugins.sim.run import ALL_SCHEMES, ELOQUENT_ADAPTIVE, ELOQUENT_X2, RACK_TLP, SCHEMES, StreamRun, simulate_stream
@@ -65,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cross-flow", choices=CROSS_FLOWS, default="tcp",
                         help="with --links: the bulk download is the simulator's CUBIC TCP (tcp, the default) or "
                         "aioquic's QUIC with CUBIC and its pacer (quic: the flow bench e2e --trace --cross runs)")
+    parser.add_argument("--decode", choices=DECODES, default="jittered",
+                        help="the tokens' generation times: jittered (log-normal jitter and long gaps, the default) "
+                        "or steady (every tpot, as bench e2e's engine streams them)")
     parser.add_argument("--queue-packets", type=numbers.positive, default=100,
                         help="with --links: the drop-tail queue in packets, each direction (default: %(default)s)")
     parser.add_argument("--codel", action="store_true", help="with --links: CoDel on the queues")
@@ -94,6 +98,8 @@ def build_plan(args: argparse.Namespace) -> Plan:
     plan = with_tokens(plan, args.tokens, args.streams)
     if args.eloquent_window is not None:
         plan = replace(plan, scenarios=tuple(replace(s, window=args.eloquent_window) for s in plan.scenarios))
+    if args.decode != "jittered":
+        plan = replace(plan, scenarios=tuple(replace(s, decode=args.decode) for s in plan.scenarios))
     for scenario in plan.scenarios:
         scenario.load_trace()  # a bad trace fails now, with its line number, not in a worker
     return plan

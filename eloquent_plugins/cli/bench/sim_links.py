@@ -39,7 +39,7 @@ def links_plan(args: argparse.Namespace) -> list[Scenario]:
     crosses = (0, 1) if args.cross is None else (int(args.cross),)
     return [Scenario(loss=0.0, rtt_ms=LINK_RTT_MS, tokens=tokens, streams=streams, link=name, cross=cross,
                      queue_packets=args.queue_packets, codel=int(args.codel), recarry=args.recarry_limit,
-                     cross_flow=getattr(args, "cross_flow", "tcp"),
+                     cross_flow=getattr(args, "cross_flow", "tcp"), decode=getattr(args, "decode", "jittered"),
                      window=getattr(args, "eloquent_window", None) or LINK_WINDOW)
             for name in names for cross in crosses]
 
