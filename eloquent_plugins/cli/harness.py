@@ -117,6 +117,8 @@ class StreamResult:
     error: str | None = None
     report: StallReport | None = None
     request_id: str | None = None
+    content: list[bool] = field(default_factory=list)
+    """Per rendered event: whether it carried text (a token; the role, finish and ``[DONE]`` chunks do not)."""
 
 
 @dataclass(slots=True)
@@ -296,6 +298,7 @@ async def stream_once(h: Harness, client: Any, scheme: str, index: int, max_toke
             async for event in s.events():
                 result.rendered.append(event.rendered_at)
                 delta = event.text
+                result.content.append(bool(delta))
                 if delta:
                     parts.append(delta)
                     if on_text is not None:

@@ -101,3 +101,18 @@ def test_held_is_the_wait_before_the_first_datagram() -> None:
 
     sends = [(1.000, datagram(0, 0), 0), (1.300, datagram(0, 1), 1), (1.301, datagram(0, 2), 2)]
     assert held_times([1.0, 1.03, 1.30], sends) == pytest.approx((0.0, 0.27, 0.001))
+
+
+def test_only_the_text_tokens_count_as_the_simulator_counts_them() -> None:
+    """An end-to-end stream renders the role, finish and ``[DONE]`` chunks as events too; the simulator's tokens
+    are the text alone. A ``[DONE]`` whose last packet was lost stalls the whole stream's figure until ``only``
+    leaves it out."""
+    from eloquent_plugins.cli.bench.link_terms import TokenTimes
+
+    ready = tuple(0.03 * i for i in range(6))
+    due = tuple(r + 0.03 for r in ready[:5]) + (ready[5] + 5.0,)  # the last event (``[DONE]``) 5 s late
+    times = TokenTimes(ready, ready, due, due, held=(0.0,) * 6)
+    assert times.network_stall(0.03) > 0.9
+    text = times.only([False, True, True, True, True, False])
+    assert text.ready_a == ready[1:5] and text.due == due[1:5] and text.held == (0.0,) * 4
+    assert text.network_stall(0.03) == 0.0

@@ -130,7 +130,7 @@ async def _run_group(conditions: Conditions, workload: Workload, schemes: tuple[
                     sends = h.server.datagram_sends(run.request_id) if run.request_id else None
                     held = held_times(run.generated, sends[1]) if sends is not None else ()
                     out.times[id(run)] = token_times(queue, run.generated, run.rendered, down, origin, logs[scheme],
-                                                     held)
+                                                     held).only(run.content)
         if schedule is not None:
             out.cross_bps = schedule.each_throughput()
             bulk = [h.relay.client_stats(k)["down"] for k in range(len(schemes), h.relay.stats.clients)]

@@ -61,6 +61,16 @@ class TokenTimes:
                 "net": [max(0.0, u - one_way - a) for a, u in zip(self.ready_a, self.due)],
                 "post": [r - u for u, r in zip(self.due, self.rendered)], "held": list(self.held)}
 
+    def only(self, keep: Sequence[bool]) -> TokenTimes:
+        """The tokens ``keep`` marks (the text-carrying events: the simulator's tokens, without the role, finish
+        and ``[DONE]`` chunks, which an end-to-end stream renders as events too)."""
+
+        def pick(values: tuple[float, ...]) -> tuple[float, ...]:
+            return tuple(v for v, k in zip(values, keep) if k) if values else values
+
+        return TokenTimes(pick(self.ready_g), pick(self.ready_a), pick(self.due), pick(self.rendered),
+                          pick(self.held))
+
     def network_stall(self, one_way: float) -> float:
         return stall_metrics(self.ready_a, self.due, one_way).stall_ratio
 
