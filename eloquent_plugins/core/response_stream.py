@@ -176,9 +176,17 @@ class EloquentResponseStream:
         self.datagrams_sent += len(datagrams)
         return datagrams
 
-    def fallback_due(self, now: float) -> bool:
+    @property
+    def _fallback_at(self) -> float | None:
+        """When the fallback record is due (TRAILED, its clock started); None otherwise."""
         start = self._fallback_from
-        return self.state is ResponseState.TRAILED and start is not None and now >= start + self.fallback_after
+        if self.state is not ResponseState.TRAILED or start is None:
+            return None
+        return start + self.fallback_after
+
+    def fallback_due(self, now: float) -> bool:
+        due = self._fallback_at
+        return due is not None and now >= due
 
     def fallback_record(self) -> bytes:
         """The unacked events for the reliable stream; after this the stream needs no more datagrams."""
@@ -195,8 +203,7 @@ class EloquentResponseStream:
             return None
         best = self.sender.next_deadline()
         for deadline in (self._tail_due[0] if self._tail_due and not self.sender.done else None,
-                         None if self._fallback_from is None or self.state is not ResponseState.TRAILED
-                         else self._fallback_from + self.fallback_after,
+                         self._fallback_at,
                          self._last_progress + self.ack_timeout if self._log else None):
             if deadline is not None and (best is None or deadline < best):
                 best = deadline
