@@ -47,6 +47,8 @@ seconds = number(float, "seconds")
 positive_seconds = number(float, "seconds", low_open=True)
 """A timeout that must be able to pass: finite, > 0."""
 milliseconds = number(float, "milliseconds")
+positive_milliseconds = number(float, "milliseconds", low_open=True)
+"""A delay that cannot be 0: finite, > 0."""
 count = number(int, "a whole number")
 """A whole number >= 0 (0 meaning none or unlimited where the option says so)."""
 positive = number(int, "a whole number", low=1)

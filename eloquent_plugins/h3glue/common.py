@@ -81,6 +81,11 @@ def smoothed_rtt(quic: QuicConnection) -> float | None:
     return float(loss._rtt_smoothed) if loss._rtt_initialized else None
 
 
+def bytes_in_flight(quic: QuicConnection) -> int:
+    """Bytes of ack-eliciting packets aioquic has sent and not yet seen acknowledged or declared lost."""
+    return int(quic._loss.bytes_in_flight)
+
+
 def packet_numbers(quic: QuicConnection) -> tuple[int, int]:
     """The next packet number aioquic sends (one counter for every epoch) and the largest the peer acknowledged
     in the 1-RTT space (0 before any: a stream's mark after the handshake is above it)."""

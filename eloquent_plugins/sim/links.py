@@ -17,6 +17,12 @@ from eloquent_plugins.sim.netem import CapacityLink, CapacityTrace, Link, PathCo
 from eloquent_plugins.sim.tcp import Ack, Segment, TcpConfig, TcpSender
 from eloquent_plugins.sim.tcp_receiver import TcpReceiver
 
+LINK_RTT_MS = 60.0
+"""Base RTT of the links (30 ms each way before the queue), as ``mm-delay 30`` would add; ``bench sim --link-rtt``
+sets another (the figures' sensitivity to it, docs/results/real-links.md point 11)."""
+LINK_WINDOW = "cubic"
+"""The Eloquent schemes' QUIC congestion window on a link: the front end's in ``bench e2e --trace``
+(``cli/bench/e2e_links.CONGESTION_CONTROL``), so both hold datagrams the same way."""
 WARMUP = 2.0
 """Seconds the bulk flow runs before the first token (past its slow start), in the simulator and end to end."""
 REQUEST_TTFT = 0.2

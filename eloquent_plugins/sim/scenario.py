@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, fields
 from eloquent_plugins.core.checks import require_finite
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.sim.netem import GilbertElliott, PathConfig, Trace, load_trace
-from eloquent_plugins.sim.links import CROSS_FLOWS
+from eloquent_plugins.sim.links import CROSS_FLOWS, LINK_RTT_MS
 from eloquent_plugins.sim.quic_window import WINDOWS
 from eloquent_plugins.sim.timeline import TokenModel, token_model
 
@@ -99,6 +99,7 @@ class Scenario:
             parts += ["codel=1"] if self.codel else []
             parts += [f"recarry={self.recarry}"] if self.recarry else []
             parts += [f"loss={self.loss:g}"] if self.loss else []
+            parts += [f"rtt={self.rtt_ms:g}"] if self.rtt_ms != LINK_RTT_MS else []
         return ",".join(parts)
 
     def as_dict(self) -> dict[str, object]:

@@ -9,7 +9,7 @@ from eloquent_plugins.cli.main import main
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.protocol import QUIC_MAX_DATAGRAM_SIZE
 from eloquent_plugins.sim.clock import EventLoop
-from eloquent_plugins.sim.links import BulkFlow
+from eloquent_plugins.sim.links import LINK_RTT_MS, BulkFlow
 from eloquent_plugins.sim.netem import CapacityLink, Link, PathConfig, parse_mahimahi
 from eloquent_plugins.sim.quic_bulk import PAYLOAD, QuicBulkFlow, bulk_flow
 from eloquent_plugins.sim.quic_window import IP_UDP
@@ -54,8 +54,10 @@ def test_the_cross_flow_is_chosen_by_name_and_checked() -> None:
     with pytest.raises(ConfigError, match="unknown cross flow 'udp'"):
         _flow("udp", STEADY)
     assert parse_scenario("link=X,cross=1,flow=quic").cross_flow == "quic"
-    assert Scenario(loss=0.0, link="X", cross=1, cross_flow="quic").label == "link=X,cross=1,flow=quic"
-    assert Scenario(loss=0.0, link="X", cross=1).label == "link=X,cross=1"
+    quic = Scenario(loss=0.0, link="X", cross=1, cross_flow="quic", rtt_ms=LINK_RTT_MS)
+    assert quic.label == "link=X,cross=1,flow=quic"
+    assert Scenario(loss=0.0, link="X", cross=1, rtt_ms=LINK_RTT_MS).label == "link=X,cross=1"
+    assert Scenario(loss=0.0, link="X", cross=1).label == "link=X,cross=1,rtt=100"  # not the links' base RTT: said
     with pytest.raises(ConfigError, match="flow must be one of tcp, quic"):
         Scenario(link="X", cross=1, cross_flow="udp")
 

@@ -209,6 +209,68 @@ def test_bench_sim_links_runs_every_scheme_with_cross_traffic(traces: str, tmp_p
     assert "link=Outage,cross=1" in capsys.readouterr().out
 
 
+def test_bench_sim_links_sets_the_links_base_round_trip(traces: str, tmp_path, monkeypatch) -> None:
+    """``--link-rtt``: the first token comes the extra half round trip later and the row says its RTT."""
+    monkeypatch.setenv("ELOQUENT_TRACES_DIR", traces)
+    first = {}
+    for rtt in ("60", "260"):
+        out = tmp_path / f"links-{rtt}.json"
+        assert main(["bench", "sim", "--links", "traces", "--trace", "Steady", "--cross", "0", "--seeds", "1",
+                     "--streams", "1", "--tokens", "20", "--jobs", "1", "--link-rtt", rtt, "--no-progress",
+                     "--json", str(out)]) == 0
+        (row,) = json.loads(out.read_text())["rows"]
+        assert row["label"] == ("link=Steady,cross=0" if rtt == "60" else "link=Steady,cross=0,rtt=260")
+        first[rtt] = row["schemes"]["eloquent"]["first_token"]
+    assert 0.09 <= first["260"] - first["60"] <= 0.11  # one way: 100 ms more (first token in seconds)
+
+
+def test_bench_sim_links_refuses_a_zero_link_rtt(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["bench", "sim", "--links", "traces", "--link-rtt", "0"])
+    assert "--link-rtt" in capsys.readouterr().err
+
+
+def test_bench_sim_against_an_e2e_run_pairs_its_streams(traces: str, tmp_path, monkeypatch, capsys) -> None:
+    """A real e2e run of two streams on the Outage trace, then the simulator's same streams beside it: the e2e
+    figure is the run's own, the interval holds the ratio; a row that does not run as the e2e run did, or that
+    lacks its streams, is refused before the simulator runs, naming what to change."""
+    monkeypatch.setenv("ELOQUENT_TRACES_DIR", traces)
+    e2e = tmp_path / "e2e.json"
+    assert main(["bench", "e2e", "--trace", "Outage", "--requests", "2", "--tokens", "20", "--rtt", "0.06",
+                 "--scheme", "eloquent", "--no-progress", "--json", str(e2e)]) == 0
+    doc = json.loads(e2e.read_text())
+    capsys.readouterr()
+    base = ["bench", "sim", "--links", "traces", "--trace", "Outage", "--cross", "0", "--streams", "1",
+            "--jobs", "1", "--no-progress", "--against", str(e2e)]
+    out = tmp_path / "sim.json"
+    assert main([*base, "--seeds", "2", "--tokens", "20", "--decode", "steady", "--json", str(out)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("against "))
+    assert "link=Outage,cross=0,decode=steady end to end (2 streams)" in line
+    compared = json.loads(out.read_text())["against"]
+    own = [s["stall_net"] for s in doc["per_stream"]["eloquent"]]
+    assert compared["e2e"] == pytest.approx(sum(own) / 2)
+    assert compared["streams"] == 2 and 0.0 <= compared["sim"] <= 1.0
+    if compared["sim"] > 0:
+        assert compared["low"] <= compared["ratio"] <= compared["high"]
+
+    # A file written before meta.run existed: its command line is read as bench e2e reads it.
+    legacy = tmp_path / "legacy.json"
+    legacy.write_text(json.dumps(doc | {"meta": {"argv": ["bench", "e2e", "--trace", "Outage", "--requests", "2",
+                                                          "--tokens", "20", "--rtt", "0.06", "--scheme", "eloquent"]}}))
+    assert main([*base[:-1], str(legacy), "--seeds", "2", "--tokens", "20", "--decode", "steady"]) == 0
+    assert line in capsys.readouterr().out
+
+    assert main([*base, "--seeds", "2", "--tokens", "30", "--decode", "steady"]) != 0
+    err = capsys.readouterr().err
+    assert "--tokens 20" in err and "stall" not in err  # refused before any row ran
+    assert main([*base, "--seeds", "2", "--tokens", "20"]) != 0
+    assert "--decode steady" in capsys.readouterr().err
+    assert main([*base, "--seeds", "1", "--tokens", "20", "--decode", "steady"]) != 0
+    assert "1 of the e2e run's 2 streams are not among the simulator's" in capsys.readouterr().err
+    assert main([*base[:-1], str(tmp_path / "none.json"), "--seeds", "2"]) != 0
+    assert "cannot read" in capsys.readouterr().err
+
+
 def test_bench_sim_links_names_a_missing_trace(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("ELOQUENT_TRACES_DIR", str(tmp_path))
     assert main(["bench", "sim", "--links", "traces", "--trace", "Nowhere", "--seeds", "1"]) != 0

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from eloquent_plugins.cli.bench.e2e_bulk import BulkSchedule, bulk_alone, bulk_app, sleep_until
-from eloquent_plugins.cli.bench.sim_links import LINK_WINDOW
 from eloquent_plugins.cli.bench.link_terms import (
     ClientArrivals,
     TokenTimes,
@@ -40,6 +39,7 @@ from eloquent_plugins.cli.harness import (
     SCHEMES,
     Conditions,
     E2EResult,
+    Harness,
     StreamResult,
     Workload,
     client_for,
@@ -48,8 +48,9 @@ from eloquent_plugins.cli.harness import (
     stagger_offsets,
     stream_once,
 )
+from eloquent_plugins.core.errors import EloquentError
 from eloquent_plugins.core.stall import stall_metrics
-from eloquent_plugins.sim.links import WARMUP, RealLink, load_real_link, stream_offset, stream_span
+from eloquent_plugins.sim.links import LINK_WINDOW, WARMUP, RealLink, load_real_link, stream_offset, stream_span
 from eloquent_plugins.sim.links_report import LinkFigures
 from eloquent_plugins.sim.udp_relay import DirectionStats
 
@@ -58,6 +59,29 @@ CONGESTION_CONTROL = LINK_WINDOW
 """The front end's congestion control on a trace: the simulator's TCP flows (the bulk download, retransmission)
 are CUBIC, so the real ones are too (the front end's default is Reno), and the simulator's Eloquent runs inside
 the same aioquic controller (``sim.quic_window``)."""
+
+
+SETTLE_RTTS = 4
+"""Round trips the bench waits, still off the trace, once its connections report ready (``settle_off_trace``)."""
+SETTLE_LIMIT = 5.0
+"""Seconds past that wait a connection may still have packets in flight before the run is called off."""
+
+
+async def settle_off_trace(h: Harness) -> None:
+    """Wait, the relay still keeping packets off the trace, until every connection's handshake is over on the
+    server's side too: a client reports its connection ready when it sends its Finished, and the server's last
+    handshake packet (HANDSHAKE_DONE, its new connection IDs, HTTP/3's control streams) leaves half a round trip
+    later. Let through on the trace it met the stretch under test: in an outage it was lost, aioquic's probe timer
+    backed off and CUBIC's window restarted before the first request, a connection the simulator's never is
+    (docs/results/real-links.md, point 11). At least ``SETTLE_RTTS`` round trips (0.25 s at the least), then until
+    the server has nothing in flight, at most ``SETTLE_LIMIT`` s more: past that the run stops with an error."""
+    await asyncio.sleep(max(0.25, SETTLE_RTTS * h.conditions.rtt))
+    deadline = time.monotonic() + SETTLE_LIMIT
+    while h.server.bytes_in_flight:
+        if time.monotonic() >= deadline:
+            raise EloquentError(f"bench e2e: the server still has {h.server.bytes_in_flight} bytes in flight "
+                                f"{SETTLE_LIMIT:g} s after its connections' handshakes; the trace would meet them")
+        await asyncio.sleep(0.01)
 
 
 @dataclass(slots=True)
@@ -99,6 +123,7 @@ async def _run_group(conditions: Conditions, workload: Workload, schemes: tuple[
                 logs[scheme] = log_arrivals(await client.connection())
             if schedule is not None:
                 await schedule.prepare(len(requests))
+            await settle_off_trace(h)
             h.relay.trace_from = h.relay.elapsed()
             offsets = stagger_offsets(len(schemes), workload.tpot, conditions.one_way)
             for i in requests:
@@ -300,7 +325,11 @@ def run_trace(args: Any, workload: Workload) -> int:
             print(f"  {stream.scheme} request {stream.request}: {stream.error}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fp:
-            json.dump({"meta": {"argv": sys.argv[1:]}, "label": label,
+            run = {"trace": args.trace, "cross": bool(args.cross), "rtt": conditions.rtt, "seed": args.seed,
+                   "tokens": workload.max_tokens, "tpot": workload.tpot, "ttft": workload.ttft,
+                   "queue_packets": args.queue_packets, "redundancy": args.redundancy, "one_path": args.one_path,
+                   "shared_queue": args.shared_queue}
+            json.dump({"meta": {"argv": sys.argv[1:], "run": run}, "label": label,
                        "schemes": {name(k): v.as_dict() for k, v in out.figures.items()},
                        "terms_ms": {name(k): v for k, v in out.terms_ms.items()},
                        "first_token_shift": shifts, "path_offsets": out.path_offsets,

@@ -74,15 +74,9 @@ def stop_browser(proc: subprocess.Popen[bytes] | None, remove_profile: Callable[
     (renderers, crashpad) can outlive the browser for a moment and still write to the profile: removing it first
     failed with "Directory not empty" (CI runs), so they are stopped first and the removal is tried again."""
     if proc is not None:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        stop_process(proc, grace=10.0)
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)  # the children, whether the browser went by itself or not
     if remove_profile is None:
         return
     for attempt in range(tries):  # a killed child's last write may still land while we remove

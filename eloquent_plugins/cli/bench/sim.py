@@ -19,7 +19,7 @@ from eloquent_plugins.cli import numbers
 from eloquent_plugins.cli.flags import add_plot, add_progress
 from eloquent_plugins.cli.optional import needs_extra
 from eloquent_plugins.core.stall import DEFAULT_READING_PACE
-from eloquent_plugins.sim.links import CROSS_FLOWS
+from eloquent_plugins.sim.links import CROSS_FLOWS, LINK_RTT_MS
 from eloquent_plugins.sim.quic_window import WINDOWS
 from eloquent_plugins.sim.timeline import DECODES
 from eloquent_plugins.sim.matrix import Plan, custom_plan, quick_plan, standard_plan, with_tokens
@@ -69,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode", choices=DECODES, default="jittered",
                         help="the tokens' generation times: jittered (log-normal jitter and long gaps, the default) "
                         "or steady (every tpot, as bench e2e's engine streams them)")
+    parser.add_argument("--against", metavar="E2E_JSON", default=None,
+                        help="with --links: a bench e2e --trace --json file; its Eloquent network-only stall beside "
+                        "the simulator's on the same streams, with a paired bootstrap 95%% interval of their ratio")
+    parser.add_argument("--link-rtt", type=numbers.positive_milliseconds, default=LINK_RTT_MS, metavar="MS",
+                        help="with --links: the links' base round trip before the queues, ms (default: %(default)g, "
+                        "as bench e2e --trace --rtt 0.06)")
     parser.add_argument("--queue-packets", type=numbers.positive, default=100,
                         help="with --links: the drop-tail queue in packets, each direction (default: %(default)s)")
     parser.add_argument("--codel", action="store_true", help="with --links: CoDel on the queues")

@@ -26,7 +26,7 @@ from eloquent_plugins.core.codecs.router import CodecRouter
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.hooks.manager import codecs
 from eloquent_plugins.core.protocol import QUIC_MAX_DATAGRAM_SIZE
-from eloquent_plugins.h3glue.common import ALPN, server_sockname
+from eloquent_plugins.h3glue.common import ALPN, bytes_in_flight, server_sockname
 from eloquent_plugins.h3glue.intake import BatchedIntake
 from eloquent_plugins.h3glue.listener import AdmissionStats, GuardedQuicServer
 from eloquent_plugins.transports.body_budget import HeldBodies
@@ -96,6 +96,11 @@ class Http3Server:
     @property
     def connections(self) -> int:
         return len(self._state.connections)
+
+    @property
+    def bytes_in_flight(self) -> int:
+        """Bytes every open connection has in flight now (0: each one's handshake and last packets acknowledged)."""
+        return sum(bytes_in_flight(conn.quic) for conn in self._state.connections)
 
     @property
     def connections_closed_with_error(self) -> int:
