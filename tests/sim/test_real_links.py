@@ -265,10 +265,21 @@ def test_bench_sim_against_an_e2e_run_pairs_its_streams(traces: str, tmp_path, m
     assert "--tokens 20" in err and "stall" not in err  # refused before any row ran
     assert main([*base, "--seeds", "2", "--tokens", "20"]) != 0
     assert "--decode steady" in capsys.readouterr().err
+    assert main([*base, "--seeds", "2", "--tokens", "20", "--decode", "steady", "--codel"]) != 0
+    assert "no --codel" in capsys.readouterr().err
     assert main([*base, "--seeds", "1", "--tokens", "20", "--decode", "steady"]) != 0
     assert "1 of the e2e run's 2 streams are not among the simulator's" in capsys.readouterr().err
     assert main([*base[:-1], str(tmp_path / "none.json"), "--seeds", "2"]) != 0
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_an_unbounded_ratio_is_written_as_null() -> None:
+    """A row whose simulated streams all stall 0 has no finite ratio: its JSON stays plain JSON."""
+    from eloquent_plugins.cli.bench.sim_against import Against
+
+    figures = Against("link=X,cross=0", 2, 0.004, 0.0, math.inf, math.inf).as_dict()
+    assert figures["ratio"] is None and figures["low"] is None and figures["high"] is None
+    assert json.loads(json.dumps(figures, allow_nan=False))["e2e"] == 0.004
 
 
 def test_bench_sim_links_names_a_missing_trace(tmp_path, monkeypatch, capsys) -> None:

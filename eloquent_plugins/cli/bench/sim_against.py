@@ -4,8 +4,8 @@ of the same streams (``bench e2e --trace NAME --json``), stream for stream, with
 End to end and simulated, stream i starts at the same place in the trace (``links.stream_offset``); the two are
 paired by that place, so the e2e run's streams must be among the simulator's (``--seeds``). The row compared is the
 one with the e2e run's trace and cross traffic; its conditions must be the e2e run's (tokens, token interval, base
-RTT, queue, the engine's steady timing, the QUIC bulk flow), each checked against the e2e command line as
-``bench e2e`` reads it.
+RTT, queue, the engine's steady timing, the QUIC bulk flow), each checked against the conditions the e2e run
+recorded (``meta.run``; in a file from before it, its command line as ``bench e2e`` reads it).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.stall import stall_metrics
-from eloquent_plugins.sim.links import REQUEST_TTFT, stream_offset, stream_span
+from eloquent_plugins.sim.links import LINK_WINDOW, REQUEST_TTFT, stream_offset, stream_span
 from eloquent_plugins.sim.paired import paired_ratio_interval
 from eloquent_plugins.sim.run import StreamRun
 from eloquent_plugins.sim.scenario import Scenario
@@ -26,6 +26,8 @@ from eloquent_plugins.sim.scenario import Scenario
 
 @dataclass(frozen=True, slots=True)
 class Against:
+    """One row, end to end and simulated over the same streams."""
+
     label: str
     streams: int
     e2e: float
@@ -46,7 +48,9 @@ class Against:
                 f"{self.low:.2f}-{self.high:.2f}")
 
     def as_dict(self) -> dict[str, object]:
-        return asdict(self) | {"ratio": self.ratio}
+        """Plain JSON: an unbounded ratio or interval end (the simulator's streams all at 0) is null."""
+        out: dict[str, object] = asdict(self) | {"ratio": self.ratio}
+        return {k: None if isinstance(v, float) and math.isinf(v) else v for k, v in out.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +95,8 @@ def load_e2e(path: str) -> E2ERun:
             doc = json.load(fp)
         meta, streams, offsets = doc["meta"], doc["per_stream"]["eloquent"], doc["path_offsets"]
         pairs = [(float(offsets[int(s["request"])]), float(s["stall_net"])) for s in streams]
+        if not pairs:
+            raise ValueError("no Eloquent streams")
     except OSError as exc:
         raise ConfigError(f"--against: cannot read {path}: {exc}") from None
     except (ValueError, KeyError, TypeError, IndexError):
@@ -110,7 +116,7 @@ def load_e2e(path: str) -> E2ERun:
 
 
 def _check(run: E2ERun, scenario: Scenario) -> None:
-    wrong = []
+    wrong: list[str] = []
     if run.tokens != scenario.tokens:
         wrong.append(f"--tokens {run.tokens}")
     if not math.isclose(run.rtt * 1000, scenario.rtt_ms, abs_tol=1e-6):
@@ -126,6 +132,9 @@ def _check(run: E2ERun, scenario: Scenario) -> None:
         wrong.append("--decode steady (the engine's timing)")
     if run.cross and scenario.cross_flow != "quic":
         wrong.append("--cross-flow quic (the e2e bulk flow)")
+    if scenario.window != LINK_WINDOW or scenario.codel or scenario.recarry:
+        wrong.append(f"the front end's sender and queues (--eloquent-window {LINK_WINDOW}, no --codel or "
+                     "--recarry-limit)")
     if not run.plain:
         raise ConfigError("--against: the e2e run must be Eloquent at its defaults, each request on its own path "
                           "(no --redundancy, --one-path or --shared-queue)")
