@@ -14,6 +14,11 @@ from collections.abc import Sequence
 from eloquent_plugins.core.errors import InvalidArgument
 
 
+def ratio_of(top: float, bottom: float) -> float:
+    """top / bottom, where 0 / 0 is 1 (neither stalls) and x / 0 is infinite."""
+    return top / bottom if bottom > 0 else (1.0 if top == 0 else float("inf"))
+
+
 def paired_ratio_interval(numerator: Sequence[float], denominator: Sequence[float], *, level: float = 0.95,
                           draws: int = 10000, seed: int = 1) -> tuple[float, float]:
     """The ``level`` percentile interval of mean(numerator) / mean(denominator) over ``draws`` resamplings of the
@@ -34,7 +39,7 @@ def paired_ratio_interval(numerator: Sequence[float], denominator: Sequence[floa
         picks = [rng.randrange(n) for _ in range(n)]
         top = sum(numerator[i] for i in picks)
         bottom = sum(denominator[i] for i in picks)
-        ratios.append(top / bottom if bottom > 0 else (1.0 if top == 0 else float("inf")))
+        ratios.append(ratio_of(top, bottom))
     ratios.sort()
     tail = (1 - level) / 2
     return ratios[int(tail * (draws - 1))], ratios[int((1 - tail) * (draws - 1))]

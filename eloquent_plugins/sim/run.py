@@ -344,6 +344,13 @@ def run_once(scenario: Scenario, timeline: Timeline, seeds: StreamSeeds, link: L
                      _link_details(forward, reverse, bulk), link_floor(forward, timeline.times))
 
 
+def stream_place(scenario: Scenario, seed: int, stream: int) -> float:
+    """Where stream ``stream`` of seed ``seed`` starts in a real link's trace (s): end to end, request
+    (seed - 1) * streams + stream starts there too (``bench sim --against`` pairs the two by it)."""
+    span = stream_span(scenario.tokens, scenario.tpot_ms / 1000)
+    return stream_offset((seed - 1) * scenario.streams + stream, span)
+
+
 def simulate_stream(scenario: Scenario, seed: int, stream: int, trace: Trace | None = None,
                     schemes: tuple[str, ...] = SCHEMES, real_link: RealLink | None = None) -> dict[str, StreamRun]:
     """``real_link``: the stream runs on that trace pair (from its place in the trace, ``links.stream_offset``),
@@ -354,9 +361,7 @@ def simulate_stream(scenario: Scenario, seed: int, stream: int, trace: Trace | N
     link: LinkRun | None = None
     if real_link is not None:
         timeline = replace(timeline, times=tuple(t + WARMUP for t in timeline.times))
-        span = stream_span(scenario.tokens, scenario.tpot_ms / 1000)
-        link = LinkRun(real_link, stream_offset((seed - 1) * scenario.streams + stream, span), bool(scenario.cross),
-                       scenario.cross_flow)
+        link = LinkRun(real_link, stream_place(scenario, seed, stream), bool(scenario.cross), scenario.cross_flow)
         wait = link.request_delay(scenario, timeline, seeds)
         timeline = replace(timeline, times=tuple(t + wait for t in timeline.times))
     out: dict[str, StreamRun] = {}

@@ -289,6 +289,15 @@ def link_conditions(name: str, *, rtt: float, seed: int, requests: int, workload
                       link_offset=stream_offset((seed - 1) * requests, span)), link
 
 
+def run_record(args: Any, conditions: Conditions, workload: Workload) -> dict[str, Any]:
+    """The conditions a ``--trace`` run ran in, as its JSON records them (``meta.run``; ``bench sim --against``
+    checks its row against them)."""
+    return {"trace": args.trace, "cross": bool(args.cross), "rtt": conditions.rtt, "seed": args.seed,
+            "tokens": workload.max_tokens, "tpot": workload.tpot, "ttft": workload.ttft,
+            "queue_packets": args.queue_packets, "redundancy": args.redundancy, "one_path": args.one_path,
+            "shared_queue": args.shared_queue}
+
+
 def run_trace(args: Any, workload: Workload) -> int:
     from eloquent_plugins.sim.links_report import format_links_table
 
@@ -325,11 +334,7 @@ def run_trace(args: Any, workload: Workload) -> int:
             print(f"  {stream.scheme} request {stream.request}: {stream.error}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fp:
-            run = {"trace": args.trace, "cross": bool(args.cross), "rtt": conditions.rtt, "seed": args.seed,
-                   "tokens": workload.max_tokens, "tpot": workload.tpot, "ttft": workload.ttft,
-                   "queue_packets": args.queue_packets, "redundancy": args.redundancy, "one_path": args.one_path,
-                   "shared_queue": args.shared_queue}
-            json.dump({"meta": {"argv": sys.argv[1:], "run": run}, "label": label,
+            json.dump({"meta": {"argv": sys.argv[1:], "run": run_record(args, conditions, workload)}, "label": label,
                        "schemes": {name(k): v.as_dict() for k, v in out.figures.items()},
                        "terms_ms": {name(k): v for k, v in out.terms_ms.items()},
                        "first_token_shift": shifts, "path_offsets": out.path_offsets,

@@ -18,9 +18,9 @@ from typing import Any
 
 from eloquent_plugins.core.errors import ConfigError
 from eloquent_plugins.core.stall import stall_metrics
-from eloquent_plugins.sim.links import LINK_WINDOW, REQUEST_TTFT, stream_offset, stream_span
-from eloquent_plugins.sim.paired import paired_ratio_interval
-from eloquent_plugins.sim.run import StreamRun
+from eloquent_plugins.sim.links import LINK_WINDOW, REQUEST_TTFT
+from eloquent_plugins.sim.paired import paired_ratio_interval, ratio_of
+from eloquent_plugins.sim.run import StreamRun, stream_place
 from eloquent_plugins.sim.scenario import Scenario
 
 
@@ -40,7 +40,7 @@ class Against:
 
     @property
     def ratio(self) -> float:
-        return self.e2e / self.sim if self.sim > 0 else (1.0 if self.e2e == 0 else math.inf)
+        return ratio_of(self.e2e, self.sim)
 
     def line(self) -> str:
         return (f"against {self.label} end to end ({self.streams} streams): e2e net {self.e2e:.3f}, simulator on the "
@@ -74,17 +74,17 @@ class E2ERun:
 def _run_from_argv(argv: list[str]) -> dict[str, Any]:
     """A JSON written before ``meta.run`` existed: its command line, read as ``bench e2e`` reads it."""
     from eloquent_plugins.cli.bench.e2e import _config
+    from eloquent_plugins.cli.bench.e2e_links import run_record
     from eloquent_plugins.cli.main import build_parser
 
     try:
         options = build_parser().parse_args(argv)
     except SystemExit:
         raise ConfigError(f"--against: its command line does not parse: {' '.join(argv)}") from None
+    if getattr(options, "trace", None) is None:
+        return {"trace": None}
     conditions, workload = _config(options)
-    return {"trace": getattr(options, "trace", None), "cross": bool(getattr(options, "cross", False)),
-            "rtt": conditions.rtt, "tokens": workload.max_tokens, "tpot": workload.tpot, "ttft": workload.ttft,
-            "queue_packets": options.queue_packets, "redundancy": options.redundancy,
-            "one_path": options.one_path, "shared_queue": options.shared_queue}
+    return run_record(options, conditions, workload)
 
 
 def load_e2e(path: str) -> E2ERun:
@@ -143,9 +143,8 @@ def _check(run: E2ERun, scenario: Scenario) -> None:
 
 
 def _place(scenario: Scenario, seed: int, stream: int) -> float:
-    """Where the simulator's stream starts in the trace (``simulate_stream``), to the microsecond."""
-    span = stream_span(scenario.tokens, scenario.tpot_ms / 1000)
-    return round(stream_offset((seed - 1) * scenario.streams + stream, span), 6)
+    """Where the simulator's stream starts in the trace, to the microsecond."""
+    return round(stream_place(scenario, seed, stream), 6)
 
 
 def _cover(run: E2ERun, places: set[float]) -> None:
